@@ -1,0 +1,3 @@
+from servetune.cli import app
+
+app()
