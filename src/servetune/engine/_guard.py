@@ -1,0 +1,75 @@
+"""Run a command so that it never outlives the process that started this guard.
+
+Usage: python _guard.py CMD [ARG ...]. Start it as the leader of a new process group. The guard asks the
+kernel for SIGTERM when its parent dies (even by SIGKILL), and on SIGTERM/SIGINT/SIGHUP, or when CMD
+exits, it stops the whole group: TERM, a grace period (SERVETUNE_GRACE_S, default 10 s), then KILL.
+A standalone script, so it needs nothing but the standard library.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def _stop_group(grace_s: float) -> None:
+    """TERM every other process of this group, wait, then KILL them and this guard."""
+    pgid = os.getpgid(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        if not _others_alive(pgid):
+            return
+        time.sleep(0.1)
+    os.killpg(pgid, signal.SIGKILL)
+
+
+def _others_alive(pgid: int) -> bool:
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != me:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def main() -> int:
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        return 1
+    grace_s = float(os.environ.get("SERVETUNE_GRACE_S", "10"))
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    code = 1
+    try:
+        child = subprocess.Popen(sys.argv[1:])
+        code = child.wait()
+    except KeyboardInterrupt:
+        code = 143
+    finally:
+        _stop_group(grace_s)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Engine arguments: a mapping of vLLM flag names to values, turned into a `vllm serve` argv."""
+
+import json
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from servetune.engine.installed import InstalledVllm
+
+# Not vLLM flags: servetune's names for knobs that reach vLLM another way.
+CPU_KVCACHE_SPACE = "cpu_kvcache_space_gib"  # env VLLM_CPU_KVCACHE_SPACE (whole GiB)
+PSEUDO_ARGS = frozenset({CPU_KVCACHE_SPACE})
+
+
+def normalize(engine_args: Mapping[str, Any]) -> dict[str, Any]:
+    """Keys in snake_case ('max-num-seqs' and 'max_num_seqs' are the same flag)."""
+    return {k.replace("-", "_"): v for k, v in engine_args.items()}
+
+
+def parse_value(text: str) -> Any:
+    """A `key=value` value from the command line: YAML scalars (true, 8192, 0.9, null, {..})."""
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def parse_pairs(pairs: list[str]) -> dict[str, Any]:
+    """['max-num-seqs=64', 'enforce-eager=true'] -> {'max_num_seqs': 64, 'enforce_eager': True}."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"engine arg {pair!r} is not key=value")
+        out[key.strip().replace("-", "_")] = parse_value(value.strip())
+    return out
+
+
+def to_argv(engine_args: Mapping[str, Any]) -> list[str]:
+    """Flags for vLLM: booleans as --x / --no-x, dicts as JSON, lists as repeated values; None is left out."""
+    argv: list[str] = []
+    for key, value in normalize(engine_args).items():
+        if key in PSEUDO_ARGS or value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + flag[2:])
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value, separators=(",", ":"))]
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def unsupported(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> list[str]:
+    """Names the installed vLLM does not accept, or accepts only as a one-way flag it cannot negate."""
+    bad = []
+    for key, value in normalize(engine_args).items():
+        if key in PSEUDO_ARGS:
+            continue
+        flag = vllm.flags.get(key)
+        if flag is None or (flag["kind"] == "flag" and value is False):
+            bad.append(key)
+    return bad
+
+
+def drop_unsupported(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[str, Any]:
+    """The arguments without those the installed vLLM does not accept."""
+    bad = set(unsupported(engine_args, vllm))
+    return {k: v for k, v in normalize(engine_args).items() if k not in bad}
+
+
+def serve_command(model: str, engine_args: Mapping[str, Any]) -> str:
+    """The `vllm serve` shell command for a config, with the env var a CPU KV cache size needs."""
+    args = normalize(engine_args)
+    prefix = ""
+    if args.get(CPU_KVCACHE_SPACE) is not None:
+        prefix = f"VLLM_CPU_KVCACHE_SPACE={int(args[CPU_KVCACHE_SPACE])} "
+    return prefix + shlex.join(["vllm", "serve", model, *to_argv(args)])

@@ -1,0 +1,43 @@
+"""What the installed vLLM accepts: its version, platform and server flags, read from vLLM itself."""
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+
+class VllmNotFound(RuntimeError):
+    """The Python that should run vLLM cannot import it."""
+
+
+@dataclass(frozen=True)
+class InstalledVllm:
+    """The installed vLLM: version, device type ('cpu', 'cuda', ...) and flags by snake_case name."""
+
+    version: str
+    device_type: str
+    flags: dict[str, dict[str, Any]]
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device_type == "cpu"
+
+    def accepts(self, name: str) -> bool:
+        return name.replace("-", "_") in self.flags
+
+
+@cache
+def probe(python: str = sys.executable) -> InstalledVllm:
+    """Ask `python` (which must have vLLM) for its vLLM's version, platform and server flags (~7 s)."""
+    script = Path(__file__).with_name("_probe.py")
+    proc = subprocess.run(
+        [python, str(script)], capture_output=True, text=True, cwd="/", timeout=300
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VllmNotFound(f"cannot read vLLM's engine arguments with {python}: {last}")
+    data = json.loads(proc.stdout)
+    return InstalledVllm(data["vllm_version"], data["device_type"], data["flags"])

@@ -1,0 +1,189 @@
+"""Launch a vLLM OpenAI-compatible server, wait until it is ready, and always stop it."""
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from servetune.engine.args import CPU_KVCACHE_SPACE, normalize, to_argv
+from servetune.engine.installed import InstalledVllm, probe
+from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, classify_failure, parse_startup
+
+DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
+_GUARD = Path(__file__).with_name("_guard.py")
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+class EngineFailed(RuntimeError):
+    """The server did not become ready; `failure` says why."""
+
+    def __init__(self, failure: LaunchFailure):
+        super().__init__(f"{failure.kind}: {failure.reason}")
+        self.failure = failure
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[str, Any]:
+    """The args as launched: on CPU the KV cache size is always explicit (vLLM's own CPU default asks for
+    92% of RAM and fails on a shared machine)."""
+    args = normalize(engine_args)
+    if vllm.on_cpu and args.get(CPU_KVCACHE_SPACE) is None:
+        args[CPU_KVCACHE_SPACE] = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or DEFAULT_CPU_KVCACHE_SPACE_GIB)
+    return args
+
+
+class Engine:
+    """One vLLM server process group on a free loopback port; a context manager that stops it on exit."""
+
+    def __init__(
+        self,
+        model: str,
+        engine_args: Mapping[str, Any],
+        log_path: Path,
+        *,
+        python: str | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 900.0,
+        extra_env: Mapping[str, str] | None = None,
+    ):
+        self.model = model
+        self.python = python or os.environ.get("SERVETUNE_VLLM_PYTHON") or sys.executable
+        self.vllm = probe(self.python)
+        self.engine_args = resolve_args(engine_args, self.vllm)
+        self.log_path = Path(log_path)
+        self.host = host
+        self.port = free_port(host)
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_env = dict(extra_env or {})
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model, "--host", self.host, "--port", str(self.port),
+            *to_argv(self.engine_args),
+        ]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                    "PYTHONUNBUFFERED": "1"})
+        if self.engine_args.get(CPU_KVCACHE_SPACE) is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.engine_args[CPU_KVCACHE_SPACE]))
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> StartupFacts:
+        """Launch and wait for /health; raises EngineFailed (server stopped) if it never gets ready."""
+        _install_handlers()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            log.write(("$ " + " ".join(self.argv()) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, str(_GUARD), *self.argv()],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env(), cwd="/", start_new_session=True,
+            )
+        _LIVE.add(self)
+        failure = self._wait_ready(started)
+        if failure is not None:
+            self.stop()
+            raise EngineFailed(failure)
+        facts = parse_startup(self.log_text())
+        return StartupFacts(**{**facts.to_dict(), "ready_s": round(time.monotonic() - started, 2)})
+
+    def _wait_ready(self, started: float) -> LaunchFailure | None:
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() - started < self.startup_timeout_s:
+                if self.proc.poll() is not None:
+                    time.sleep(0.5)  # let the last lines reach the log
+                    kind, reason = classify_failure(self.log_text())
+                    return LaunchFailure(kind, reason, str(self.log_path))
+                try:
+                    if client.get(self.base_url + "/health").status_code == 200:
+                        return None
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        return LaunchFailure(FailureKind.TIMEOUT, f"not ready after {self.startup_timeout_s:.0f} s",
+                             str(self.log_path))
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Stop the whole process group: TERM (the guard forwards it), then KILL after `grace_s`."""
+        proc, self.proc = self.proc, None
+        _LIVE.discard(self)
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace_s)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def __enter__(self) -> "Engine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop_all() -> None:
+    """Stop every server this process started and has not stopped yet."""
+    for engine in list(_LIVE):
+        engine.stop()
+
+
+_installed = False
+
+
+def _install_handlers() -> None:
+    """Stop servers at interpreter exit and turn SIGTERM/SIGHUP into an exit that unwinds `with` blocks."""
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return
+    _installed = True
+    atexit.register(stop_all)
+
+    def on_signal(signum, frame):
+        stop_all()
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, on_signal)
