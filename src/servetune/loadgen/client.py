@@ -1,0 +1,143 @@
+"""Streaming client for OpenAI-compatible `/v1/completions` and `/v1/chat/completions`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Literal
+
+import aiohttp
+
+from servetune.loadgen.records import RequestRecord
+from servetune.workload.request import RequestSpec
+
+_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# vLLM (pydantic) writes compact JSON: an event with the first and without the second is a plain
+# token chunk and needs no parsing; every other event goes through json.loads.
+_TOKEN_CHUNK = b'"choices":[{'
+_USAGE = b'"usage":{'
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """An OpenAI-compatible server and the model name it serves."""
+
+    base_url: str
+    model: str
+    endpoint: Literal["completions", "chat"] = "completions"
+    api_key: str | None = None
+
+
+class Client:
+    """One aiohttp session (unlimited keep-alive connections) shared by every request.
+
+    Use as `async with Client(target) as client: await client.send(spec, record)`.
+    """
+
+    def __init__(self, target: Target, request_timeout_s: float = 600.0) -> None:
+        self._target = target
+        self._url = target.base_url.rstrip("/") + _PATHS[target.endpoint]
+        self._headers = {"Content-Type": "application/json"}
+        if target.api_key:
+            self._headers["Authorization"] = f"Bearer {target.api_key}"
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=self._timeout,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._session.close()
+
+    def _body(self, spec: RequestSpec) -> bytes:
+        t = self._target
+        body = {"model": t.model}
+        if t.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": spec.prompt}]
+            body["max_completion_tokens"] = spec.output_len
+        else:
+            body["prompt"] = spec.prompt
+            body["max_tokens"] = spec.output_len
+        body |= {
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        return json.dumps(body).encode()
+
+    async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
+        """Send `spec` and fill `record` in place. Never raises, except to pass on cancellation:
+        a cancelled request is recorded with error "cancelled" and its partial timestamps."""
+        body = self._body(spec)
+        record.start_ns = perf_counter_ns()
+        try:
+            async with self._session.post(self._url, data=body, headers=self._headers) as resp:
+                record.http_status = resp.status
+                if resp.status != 200:
+                    detail = (await resp.read())[:200].decode(errors="replace")
+                    record.error = f"http_{resp.status}: {resp.reason} {detail}"
+                else:
+                    await _read_stream(resp.content, record)
+        except asyncio.CancelledError:
+            record.error = "cancelled"
+            raise
+        except TimeoutError:
+            record.error = "timeout: no complete response within the request timeout"
+        except aiohttp.ClientConnectorError as e:
+            record.error = f"connect: {e}"
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as e:
+            record.error = f"disconnect: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - any failure is data about this request
+            record.error = f"client: {type(e).__name__}: {e}"
+        finally:
+            record.end_ns = perf_counter_ns()
+
+
+async def _read_stream(content: aiohttp.StreamReader, record: RequestRecord) -> None:
+    """Timestamp each SSE event when its last byte arrives, then parse only what is needed."""
+    chunk_ns = record.chunk_ns
+    pending = b""
+    while data := await content.readany():
+        now = perf_counter_ns()
+        events = (pending + data).split(b"\n\n") if pending else data.split(b"\n\n")
+        pending = events.pop()
+        for event in events:
+            if _TOKEN_CHUNK in event and _USAGE not in event:
+                chunk_ns.append(now)
+            else:
+                _parse_event(event, now, record)
+    if pending.strip():
+        _parse_event(pending, perf_counter_ns(), record)
+    if record.error is None and not chunk_ns:
+        record.error = "stream: no token chunk in a 200 response"
+
+
+def _parse_event(event: bytes, now: int, record: RequestRecord) -> None:
+    """Slow path: usage, errors, `[DONE]`, comments and non-compact JSON."""
+    event = event.strip()
+    if not event.startswith(b"data:"):
+        return
+    payload = event[5:].strip()
+    if payload == b"[DONE]":
+        return
+    try:
+        msg = json.loads(payload)
+    except ValueError:
+        record.error = f"stream: invalid JSON {payload[:100]!r}"
+        return
+    if msg.get("choices"):
+        record.chunk_ns.append(now)
+    if usage := msg.get("usage"):
+        record.output_tokens = usage.get("completion_tokens")
+        record.prompt_tokens = usage.get("prompt_tokens")
+    if err := msg.get("error"):
+        record.error = f"stream: {err}"

@@ -1,0 +1,74 @@
+"""Raw results of a load level: integer `time.perf_counter_ns()` timestamps, nothing derived."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One sent request as the client saw it. Times are `perf_counter_ns()` readings.
+
+    `chunk_ns` holds the arrival time of every SSE event whose `choices` list is non-empty (vLLM's
+    rule, so chat's leading role-only delta counts), taken when its bytes arrived, before parsing.
+    `error` is `"<kind>: <detail>"` (kinds: `http_<status>`, `connect`, `timeout`, `disconnect`,
+    `stream`, `client`, `cancelled`); None means the request succeeded.
+    """
+
+    index: int
+    prompt_len: int
+    expected_output_len: int
+    warmup: bool
+    scheduled_ns: int
+    start_ns: int = 0
+    chunk_ns: list[int] = field(default_factory=list)
+    end_ns: int = 0
+    output_tokens: int | None = None
+    prompt_tokens: int | None = None
+    error: str | None = None
+    http_status: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the request streamed to the end without error (vLLM's `success`)."""
+        return self.error is None
+
+    @property
+    def error_kind(self) -> str | None:
+        """The `<kind>` part of `error`."""
+        return None if self.error is None else self.error.partition(":")[0]
+
+
+@dataclass(slots=True)
+class LoadResult:
+    """Every record of one load level plus the settings and clock readings metrics need.
+
+    `start_ns` is the origin of the arrival schedule (vLLM's `benchmark_start_time`: the first
+    request is due one sampled interval later); `end_ns` is when the last timed request finished
+    or was cancelled.
+    """
+
+    records: list[RequestRecord]
+    request_rate: float
+    burstiness: float
+    max_concurrency: int | None
+    start_ns: int
+    end_ns: int
+    stopped_early: bool
+
+    def save(self, path: str | Path) -> None:
+        """Write JSONL: a header line with the level's fields, then one line per record."""
+        header = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
+        with open(path, "w") as out:
+            out.write(json.dumps(header) + "\n")
+            out.writelines(json.dumps(asdict(r)) + "\n" for r in self.records)
+
+    @classmethod
+    def load(cls, path: str | Path) -> LoadResult:
+        """Read what `save` wrote."""
+        with open(path) as src:
+            header = json.loads(next(src))
+            records = [RequestRecord(**json.loads(line)) for line in src]
+        return cls(records=records, **header)

@@ -1,0 +1,163 @@
+"""Test double: a fast OpenAI-compatible streaming server (`/v1/completions`, `/v1/chat/completions`).
+
+    python tests/fake_server.py [--port 0] [--token-delay-ms D]
+
+Prints `port N` once listening. Streams `max_tokens` (chat: `max_completion_tokens`) tokens as
+vLLM does (chat adds a leading role-only delta), then a usage chunk and `data: [DONE]`. With
+D = 0 a whole response is written at once; otherwise every open stream advances one token per
+D ms tick, like an engine's decode step. Faults are asked for in the prompt: `fake:status=500`
+answers that status, `fake:close_after=K` aborts the connection after K tokens.
+`GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+_END = b"0\r\n\r\n"
+
+
+def _chunk(payload: bytes) -> bytes:
+    """One SSE event in one HTTP/1.1 chunk."""
+    event = b"data: " + payload + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+_TOKEN = {
+    "completions": _chunk(
+        b'{"id":"cmpl-0","object":"text_completion","created":0,"model":"fake","choices":[{"index":0,'
+        b'"text":" tok","logprobs":null,"finish_reason":null,"stop_reason":null}]}'
+    ),
+    "chat": _chunk(
+        b'{"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"fake","choices":'
+        b'[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}'
+    ),
+}
+_ROLE = _chunk(
+    b'{"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"fake","choices":'
+    b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}'
+)
+_DONE = _chunk(b"[DONE]")
+
+
+def _response(status: int, reason: str, body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    return b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status, reason.encode(), len(data), data)
+
+
+class FakeServer:
+    """Request accounting and the decode tick shared by all connections."""
+
+    def __init__(self, token_delay_s: float) -> None:
+        self.token_delay_s = token_delay_s
+        self.streams: list[list] = []  # [transport, per-tick bytes, next tick, close_after]
+        self.ticking = False
+        self.requests = 0
+        self.in_flight = 0
+        self.peak = 0
+
+    def handle(self, transport: asyncio.Transport, method: bytes, path: bytes, body: bytes) -> None:
+        if method == b"GET" and path == b"/stats":
+            transport.write(_response(200, "OK", {"requests": self.requests, "peak_concurrency": self.peak}))
+            self.peak = self.in_flight
+            return
+        endpoint = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}.get(path)
+        if method != b"POST" or endpoint is None:
+            transport.write(_response(404, "Not Found", {"error": "not found"}))
+            return
+        self.requests += 1
+        req = json.loads(body)
+        prompt = req["prompt"] if endpoint == "completions" else req["messages"][-1]["content"]
+        faults = dict(kv.split("=") for kv in prompt[5:].split()) if prompt.startswith("fake:") else {}
+        if "status" in faults:
+            transport.write(_response(int(faults["status"]), "Injected Fault", {"error": "injected"}))
+            return
+        n = req.get("max_tokens") or req.get("max_completion_tokens") or 16
+        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n,
+                 "total_tokens": len(prompt.split()) + n}
+        tail = _chunk(json.dumps({"id": "0", "choices": [], "usage": usage}).encode()) + _DONE + _END
+        ticks = [_TOKEN[endpoint]] * n
+        ticks[-1] += tail
+        if endpoint == "chat":
+            ticks[0] = _ROLE + ticks[0]
+        close_after = int(faults.get("close_after", n + 1))
+        transport.write(_HEAD)
+        if self.token_delay_s == 0 and close_after > n:
+            transport.write(b"".join(ticks))
+            return
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        self.streams.append([transport, ticks, 0, close_after])
+        if not self.ticking:
+            self.ticking = True
+            asyncio.get_running_loop().call_later(self.token_delay_s, self.tick)
+
+    def tick(self) -> None:
+        """Write the next token of every open stream; finish or abort those that are done."""
+        open_streams = []
+        for stream in self.streams:
+            transport, ticks, pos, close_after = stream
+            if transport.is_closing():
+                self.in_flight -= 1
+            elif pos == close_after:
+                transport.abort()
+                self.in_flight -= 1
+            else:
+                transport.write(ticks[pos])
+                stream[2] = pos + 1
+                if pos + 1 < len(ticks):
+                    open_streams.append(stream)
+                else:
+                    self.in_flight -= 1
+        self.streams = open_streams
+        self.ticking = bool(open_streams)
+        if self.ticking:
+            asyncio.get_running_loop().call_later(self.token_delay_s, self.tick)
+
+
+class _Connection(asyncio.Protocol):
+    """Minimal HTTP/1.1 keep-alive request parser (Content-Length bodies, no pipelining needs)."""
+
+    def __init__(self, server: FakeServer) -> None:
+        self.server = server
+        self.buf = b""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
+            head = self.buf[:end]
+            at = head.lower().find(b"content-length:")
+            length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+            if len(self.buf) < end + 4 + length:
+                return
+            body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
+            method, path = head.split(b" ", 2)[:2]
+            self.server.handle(self.transport, method, path, body)
+
+
+async def serve(port: int, token_delay_ms: float) -> None:
+    server = FakeServer(token_delay_ms / 1000)
+    listener = await asyncio.get_running_loop().create_server(
+        lambda: _Connection(server), "127.0.0.1", port, backlog=4096)
+    print("port", listener.sockets[0].getsockname()[1], flush=True)
+    await listener.serve_forever()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(args.port, args.token_delay_ms))
+    else:
+        uvloop.run(serve(args.port, args.token_delay_ms))

@@ -1,0 +1,166 @@
+"""The load generator against tests/fake_server.py, and its arrival process on its own."""
+
+import json
+import math
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servetune.loadgen import ArrivalProcess, LoadResult, Target, run_load_sync, schedule_ns
+from servetune.metrics import summarize
+from servetune.workload.request import RequestSpec
+
+FAKE_SERVER = Path(__file__).with_name("fake_server.py")
+
+
+@pytest.fixture(scope="module")
+def server_factory():
+    procs = []
+
+    def start(token_delay_ms: float = 0.0) -> str:
+        proc = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--token-delay-ms", str(token_delay_ms)],
+                                stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        return f"http://127.0.0.1:{proc.stdout.readline().split()[1]}"
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def fast(server_factory) -> str:
+    return server_factory()
+
+
+@pytest.fixture(scope="module")
+def slow(server_factory) -> str:
+    """Every open stream gets one token per 5 ms tick."""
+    return server_factory(5.0)
+
+
+def peak_concurrency(url: str) -> int:
+    """The server's peak number of open streams since the last call."""
+    with urllib.request.urlopen(url + "/stats") as resp:
+        return json.load(resp)["peak_concurrency"]
+
+
+def specs(n, output_len=16, prompt="one two three"):
+    return [RequestSpec(prompt, len(prompt.split()), output_len)] * n
+
+
+@pytest.mark.parametrize(("endpoint", "chunks"), [("completions", 16), ("chat", 17)])
+def test_every_chunk_and_usage_recorded(fast, endpoint, chunks):
+    result = run_load_sync(Target(fast, "m", endpoint), specs(30), request_rate=500)
+    assert len(result.records) == 30 and not result.stopped_early
+    for r in result.records:
+        assert r.ok and r.http_status == 200
+        assert len(r.chunk_ns) == chunks  # chat adds its role-only first delta, as vLLM counts it
+        assert (r.output_tokens, r.prompt_tokens) == (16, 3)
+        assert r.scheduled_ns <= r.start_ns <= r.chunk_ns[0] <= r.end_ns  # never sent early
+        assert r.chunk_ns == sorted(r.chunk_ns) and r.chunk_ns[-1] <= r.end_ns
+    assert result.start_ns < min(r.scheduled_ns for r in result.records)
+    assert result.end_ns >= max(r.end_ns for r in result.records)
+
+
+def test_token_timestamps_follow_the_stream(slow):
+    result = run_load_sync(Target(slow, "m"), specs(4, output_len=10), max_concurrency=4)
+    itl_ms = np.diff([r.chunk_ns for r in result.records], axis=1) / 1e6
+    assert 3 < np.median(itl_ms) < 50  # one token per 5 ms tick
+
+
+def test_warmup_requests_are_recorded_apart(fast):
+    seen = []
+    result = run_load_sync(Target(fast, "m"), specs(13), warmup_requests=3, request_rate=1000,
+                           on_record=seen.append)
+    assert [r.warmup for r in result.records] == [True] * 3 + [False] * 10
+    assert [r.index for r in result.records] == list(range(13))
+    assert len(seen) == 13
+    assert summarize(result)["completed"] == 10
+
+
+def test_max_concurrency_is_respected(slow):
+    peak_concurrency(slow)
+    result = run_load_sync(Target(slow, "m"), specs(24, output_len=4), max_concurrency=3)
+    assert all(r.ok for r in result.records)
+    assert peak_concurrency(slow) == 3
+    events = sorted([(r.start_ns, 1) for r in result.records] + [(r.end_ns, -1) for r in result.records])
+    assert max(np.cumsum([e for _, e in events])) <= 3
+
+
+def test_errors_are_recorded_not_raised(fast):
+    requests = [RequestSpec("fake:status=500", 1, 8), RequestSpec("fake:close_after=3", 1, 8), *specs(2)]
+    result = run_load_sync(Target(fast, "m"), requests)
+    failed, cut, *good = result.records
+    assert failed.error_kind == "http_500" and failed.http_status == 500 and not failed.chunk_ns
+    assert cut.error_kind == "disconnect" and len(cut.chunk_ns) == 3  # partial timestamps kept
+    assert all(r.ok for r in good)
+    assert summarize(result)["errors"] == {"http_500": 1, "disconnect": 1}
+
+
+def test_connection_refused_is_recorded():
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = run_load_sync(Target(f"http://127.0.0.1:{port}", "m"), specs(2))
+    assert [r.error_kind for r in result.records] == ["connect", "connect"]
+    assert all(r.http_status is None and r.end_ns >= r.start_ns for r in result.records)
+
+
+def test_timeout_keeps_partial_timestamps(slow):
+    result = run_load_sync(Target(slow, "m"), specs(1, output_len=400), request_timeout_s=0.2)
+    (r,) = result.records
+    assert r.error_kind == "timeout" and 0 < len(r.chunk_ns) < 400
+
+
+def test_should_stop_cancels_the_rest(slow):
+    result = run_load_sync(Target(slow, "m"), specs(200, output_len=40), request_rate=100,
+                           should_stop=lambda done: len(done) >= 5)
+    assert result.stopped_early
+    kinds = [r.error_kind for r in result.records]
+    assert kinds.count(None) >= 5 and kinds.count("cancelled") >= 1
+    assert len(result.records) < 200
+    assert (result.end_ns - result.start_ns) / 1e9 < 1.5  # not the 2 s schedule plus the drain
+
+
+def test_records_round_trip_through_jsonl(fast, tmp_path):
+    requests = [RequestSpec("fake:status=500", 1, 4), *specs(3)]
+    result = run_load_sync(Target(fast, "m"), requests, warmup_requests=1)
+    result.save(tmp_path / "level.jsonl")
+    assert LoadResult.load(tmp_path / "level.jsonl") == result
+
+
+@pytest.mark.parametrize("burstiness", [1.0, 0.25, 4.0])
+def test_gamma_intervals_have_the_right_mean_and_spread(burstiness):
+    process = ArrivalProcess(rate=50, burstiness=burstiness, seed=1)
+    intervals = np.array([process.next_interval() for _ in range(40_000)])
+    assert intervals.mean() == pytest.approx(1 / 50, rel=0.03)
+    cv = intervals.std() / intervals.mean()
+    assert cv == pytest.approx(1 / math.sqrt(burstiness), rel=0.03)  # Poisson: 1; burstier: more
+
+
+def test_poisson_counts_per_window():
+    process = ArrivalProcess(rate=200, seed=7)
+    arrivals = np.cumsum([process.next_interval() for _ in range(40_000)])
+    counts = np.bincount(arrivals.astype(int))[:-1]  # arrivals per 1 s window
+    assert counts.mean() == pytest.approx(200, rel=0.02)
+    assert counts.var() == pytest.approx(200, rel=0.35)  # Poisson: variance = mean
+
+
+def test_constant_and_infinite_rates():
+    assert {ArrivalProcess(rate=20, burstiness=math.inf).next_interval() for _ in range(5)} == {0.05}
+    assert schedule_ns(ArrivalProcess(rate=math.inf), 4) == [0, 0, 0, 0]
+
+
+def test_schedule_is_seeded_and_ends_at_n_over_rate():
+    due = schedule_ns(ArrivalProcess(rate=8, seed=3), 100)
+    assert due == schedule_ns(ArrivalProcess(rate=8, seed=3), 100)
+    assert due != schedule_ns(ArrivalProcess(rate=8, seed=4), 100)
+    assert due == sorted(due) and due[0] > 0
+    assert due[-1] == pytest.approx(100 / 8 * 1e9, abs=1)

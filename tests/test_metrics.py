@@ -1,0 +1,135 @@
+"""Metrics on synthetic records in integer ns, against answers worked out by hand."""
+
+import math
+
+import pytest
+
+from servetune.loadgen.records import LoadResult, RequestRecord
+from servetune.metrics import steady_request_rate, summarize
+
+MS = 1_000_000
+
+
+def rec(index, start_ms, chunks_ms=(), end_ms=None, tokens=None, prompt_tokens=None, *,
+        lag_ms=0, error=None, warmup=False, prompt_len=7):
+    """A record whose times are given in ms from the level's origin."""
+    chunk_ns = [round(c * MS) for c in chunks_ms]
+    end = end_ms if end_ms is not None else (chunks_ms[-1] if chunks_ms else start_ms)
+    return RequestRecord(
+        index=index, prompt_len=prompt_len, expected_output_len=16, warmup=warmup,
+        scheduled_ns=round((start_ms - lag_ms) * MS), start_ns=round(start_ms * MS), chunk_ns=chunk_ns,
+        end_ns=round(end * MS), output_tokens=tokens, prompt_tokens=prompt_tokens, error=error,
+        http_status=None if error and error.startswith("connect") else 200)
+
+
+def level(records, rate=10.0, start_ms=0, end_ms=2000, stopped_early=False):
+    return LoadResult(records, rate, 1.0, None, round(start_ms * MS), round(end_ms * MS), stopped_early)
+
+
+@pytest.fixture
+def mixed():
+    return level([
+        rec(0, 0, (9000, 9001), tokens=2, warmup=True),  # warm-up: never counted
+        rec(1, 0, (100, 120, 150), 151, tokens=3, prompt_tokens=10, lag_ms=1),
+        rec(2, 500, (700, 710, 720, 730, 740), 741, tokens=5, prompt_tokens=20, lag_ms=2),
+        rec(3, 600, (), 610, lag_ms=3, error="http_500: Internal Server Error"),
+        rec(4, 1000, (1050,), 1051, tokens=1, lag_ms=5),  # no usage prompt_tokens: prompt_len 7 counts
+        rec(5, 1800, (1850,), 1900, lag_ms=4, error="cancelled"),
+    ])
+
+
+def test_counts_totals_and_throughput(mixed):
+    s = summarize(mixed)
+    assert s["duration"] == 2.0
+    assert (s["completed"], s["failed"]) == (3, 1)
+    assert s["errors"] == {"http_500": 1, "cancelled": 1}
+    assert s["total_input_tokens"] == 10 + 20 + 7
+    assert s["total_output_tokens"] == 3 + 5 + 1
+    assert s["request_throughput"] == 1.5
+    assert s["output_throughput"] == 4.5
+    assert s["total_token_throughput"] == 23.0
+    assert s["request_goodput"] is None
+    assert s["max_output_tokens_per_s"] == 8  # 3 + 5 token chunks in the first second
+    assert s["max_concurrent_requests"] == 2  # requests 1 and 2 are both active in second 0
+
+
+def test_latency_distributions(mixed):
+    s = summarize(mixed, percentiles=(50, 90, 99, 99.9))
+    # TTFT 100, 200, 50 ms
+    assert s["mean_ttft_ms"] == pytest.approx(350 / 3)
+    assert s["median_ttft_ms"] == pytest.approx(100)
+    mean = 350 / 3
+    assert s["std_ttft_ms"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in (100, 200, 50)) / 3))
+    assert s["p90_ttft_ms"] == pytest.approx(180)  # linear between 100 and 200 at 0.8
+    assert s["p99_ttft_ms"] == pytest.approx(198)
+    assert s["p99.9_ttft_ms"] == pytest.approx(199.8)
+    # TPOT (e2el - ttft)/(n - 1): (150-100)/2 = 25, (240-200)/4 = 10; the 1-token request has none
+    assert s["mean_tpot_ms"] == pytest.approx(17.5)
+    assert s["p90_tpot_ms"] == pytest.approx(23.5)
+    # ITL: 20, 30 and 10, 10, 10, 10
+    assert s["mean_itl_ms"] == pytest.approx(15)
+    assert s["median_itl_ms"] == pytest.approx(10)
+    assert s["p90_itl_ms"] == pytest.approx(25)
+    # E2EL to the last token chunk: 150, 240, 50
+    assert s["mean_e2el_ms"] == pytest.approx(440 / 3)
+    assert s["median_e2el_ms"] == pytest.approx(150)
+    # schedule lag over every sent timed request: 1, 2, 3, 5, 4 ms
+    assert s["p99_schedule_lag_ms"] == pytest.approx(4.96)
+
+
+def test_goodput_needs_every_slo(mixed):
+    # good: #1 (ttft 100, tpot 25) and #4 (ttft 50, one token so tpot 0); #2 has ttft 200
+    assert summarize(mixed, {"ttft_ms": 150, "tpot_ms": 30})["request_goodput"] == 1.0
+    assert summarize(mixed, {"ttft_ms": 150, "tpot_ms": 20})["request_goodput"] == 0.5
+    assert summarize(mixed, {"e2el_ms": 240})["request_goodput"] == 1.5
+    with pytest.raises(ValueError, match="ttft"):
+        summarize(mixed, {"ttft": 100})
+
+
+def test_no_successful_request_gives_zeros():
+    s = summarize(level([rec(0, 0, (), 5, error="connect: refused")]))
+    assert (s["completed"], s["failed"], s["mean_ttft_ms"], s["p99_e2el_ms"]) == (0, 1, 0.0, 0.0)
+    assert s["errors"] == {"connect": 1} and s["steady_request_rate"] is None
+
+
+def test_steady_rate_hand_computed():
+    # 21 sends 100 ms apart, 250 ms each: fill = p90 e2el = 250 ms, W = (250, 2000] ms;
+    # ends at 350 ... 1950 ms fall in W: 17 completions / 1.75 s
+    records = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2) for i in range(21)]
+    assert steady_request_rate(level(records)) == pytest.approx(17 / 1.75)
+
+
+def fifo_level(offered, capacity, n, base_ms=300.0):
+    """Sends exactly 1/offered apart to a server that finishes one request per 1/capacity s in order;
+    latencies vary by up to 60 ms on top of queueing."""
+    records, free_ms = [], 0.0
+    for i in range(n):
+        start = 1000 * i / offered
+        end = max(start + base_ms + 20 * (i % 4), free_ms + 1000 / capacity)
+        free_ms = end
+        records.append(rec(i, start, (start + 100, end), tokens=2))
+    return level(records, rate=offered, end_ms=free_ms)
+
+
+def test_steady_rate_keeping_up_matches_offered():
+    result = fifo_level(offered=20, capacity=1000, n=400)
+    assert steady_request_rate(result) == pytest.approx(20, rel=0.02)
+
+
+def test_short_overloaded_level_does_not_look_like_keeping_up():
+    result = fifo_level(offered=26, capacity=19.5, n=130)  # a 5 s level
+    s = summarize(result)
+    assert s["steady_request_rate"] == pytest.approx(19.5, rel=0.05)
+    assert s["steady_request_rate"] < 0.9 * s["offered_request_rate"]
+
+
+def test_steady_rate_none_when_all_sent_at_once():
+    records = [rec(i, 0, (100, 200), tokens=2) for i in range(10)]
+    assert steady_request_rate(level(records, rate=math.inf)) is None
+
+
+def test_steady_rate_sees_a_stalled_server():
+    # keeps up for 2 s of a 10 s schedule, then nothing completes
+    records = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2,
+                   error=None if i < 20 else "timeout: x") for i in range(101)]
+    assert steady_request_rate(level(records)) < 3
