@@ -74,3 +74,14 @@ def test_metrics_are_summed_over_labels_and_differenced():
     assert d["num_preemptions"] == 4.0
     assert d["prefix_cache_hit_rate"] == 0.5
     assert d["kv_cache_usage_perc"] == 0.25
+
+
+def test_pydantic_config_error_names_the_rule():
+    log = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig\n"
+           "  Value error, max_num_batched_tokens (512) is smaller than max_model_len (2048). Please increase "
+           "max_num_batched_tokens. [type=value_error, input_value=ArgsKwargs(()), input_type=ArgsKwargs]\n"
+           "RuntimeError: Engine core initialization failed.")
+    kind, reason = classify_failure(log)
+    assert kind is FailureKind.INVALID_CONFIG
+    assert reason == ("max_num_batched_tokens (512) is smaller than max_model_len (2048). Please increase "
+                      "max_num_batched_tokens.")

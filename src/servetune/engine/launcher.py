@@ -41,9 +41,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[str, Any]:
     """The args as launched: on CPU the KV cache size is always explicit (vLLM's own CPU default asks for
-    92% of RAM and fails on a shared machine)."""
+    92% of RAM and fails on a shared machine); `kv_cache_memory_bytes`, if given, wins."""
     args = normalize(engine_args)
-    if vllm.on_cpu and args.get(CPU_KVCACHE_SPACE) is None:
+    if vllm.on_cpu and args.get(CPU_KVCACHE_SPACE) is None and args.get("kv_cache_memory_bytes") is None:
         args[CPU_KVCACHE_SPACE] = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or DEFAULT_CPU_KVCACHE_SPACE_GIB)
     return args
 

