@@ -1,0 +1,32 @@
+"""Workloads: what to send to the server (lengths, prefixes, datasets) and at what load shape."""
+
+from servetune.workload.prompts import build_requests, load_tokenizer
+from servetune.workload.request import RequestSpec
+from servetune.workload.spec import (
+    DatasetSpec,
+    Fixed,
+    LengthDistribution,
+    LogNormal,
+    Normal,
+    SharedPrefix,
+    Uniform,
+    WorkloadError,
+    WorkloadSpec,
+    load_workload,
+)
+
+__all__ = [
+    "DatasetSpec",
+    "Fixed",
+    "LengthDistribution",
+    "LogNormal",
+    "Normal",
+    "RequestSpec",
+    "SharedPrefix",
+    "Uniform",
+    "WorkloadError",
+    "WorkloadSpec",
+    "build_requests",
+    "load_tokenizer",
+    "load_workload",
+]

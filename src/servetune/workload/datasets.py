@@ -1,0 +1,120 @@
+"""Requests from dataset files: ShareGPT conversations (JSON) or explicit prompts (JSONL)."""
+
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, TypeAdapter, ValidationError
+
+from servetune.workload.request import RequestSpec
+from servetune.workload.spec import DatasetSpec, WorkloadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class _Turn(BaseModel):
+    speaker: str = Field(alias="from")
+    value: str
+
+
+class _Conversation(BaseModel):
+    conversations: list[_Turn]
+
+
+class _JsonlLine(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str
+    max_tokens: PositiveInt
+
+
+_SHAREGPT = TypeAdapter(list[_Conversation])
+
+
+def sample_dataset(
+    spec: DatasetSpec, tokenizer: "PreTrainedTokenizerBase", count: int, rng: np.random.Generator
+) -> list[RequestSpec]:
+    """`count` requests drawn in random order; entries repeat only when the file has fewer usable ones.
+
+    ShareGPT: the prompt is the first human turn and output_len the token count of the gpt reply after it;
+    entries outside `spec`'s length limits are skipped, as `vllm bench serve` does. JSONL lines are used as given.
+    `prompt_len` counts the special tokens the tokenizer adds, as the completions endpoint does.
+    """
+    path = Path(spec.path)
+    try:
+        entries = _read(path, spec.format, path.stat().st_mtime_ns)
+    except OSError as e:
+        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not UTF-8 text") from None
+    requests = []
+    for i in rng.permutation(len(entries)):
+        prompt, output = entries[i]
+        prompt_len = len(tokenizer(prompt, verbose=False).input_ids)
+        if isinstance(output, str):
+            output_len = len(tokenizer(output, add_special_tokens=False, verbose=False).input_ids)
+            if not _within_limits(spec, prompt_len, output_len):
+                continue
+        else:
+            output_len = output
+        requests.append(RequestSpec(prompt, prompt_len, output_len))
+        if len(requests) == count:
+            return requests
+    if not requests:
+        raise WorkloadError(f"{path}: no usable entries (none within the length limits)")
+    return requests + [requests[i] for i in rng.integers(len(requests), size=count - len(requests))]
+
+
+def _within_limits(spec: DatasetSpec, prompt_len: int, output_len: int) -> bool:
+    return (
+        prompt_len >= spec.min_len
+        and output_len >= spec.min_len
+        and prompt_len <= spec.max_prompt_len
+        and prompt_len + output_len <= spec.max_total_len
+    )
+
+
+@lru_cache(maxsize=2)
+def _read(path: Path, format: str, mtime_ns: int) -> tuple[tuple[str, str | int], ...]:
+    """(prompt, reply text or max_tokens) pairs; cached by path and mtime, as every load level samples the file."""
+    return _read_sharegpt(path) if format == "sharegpt" else _read_jsonl(path)
+
+
+def _read_sharegpt(path: Path) -> tuple[tuple[str, str], ...]:
+    try:
+        conversations = _SHAREGPT.validate_json(path.read_bytes())
+    except ValidationError as e:
+        first = e.errors()[0]
+        if first["type"] == "json_invalid":
+            raise WorkloadError(f"{path}: {first['msg']}") from None
+        where = [f"entry {first['loc'][0]}", ".".join(map(str, first["loc"][1:]))] if first["loc"] else []
+        raise WorkloadError(": ".join([str(path), *filter(None, where), first["msg"]])) from None
+    exchanges = (_first_exchange(conversation.conversations) for conversation in conversations)
+    return tuple(exchange for exchange in exchanges if exchange is not None)
+
+
+def _first_exchange(turns: list[_Turn]) -> tuple[str, str] | None:
+    """The first human turn and the first gpt reply after it, if the conversation has both."""
+    for i, turn in enumerate(turns):
+        if turn.speaker == "human":
+            reply = next((later.value for later in turns[i + 1 :] if later.speaker == "gpt"), None)
+            return None if reply is None else (turn.value, reply)
+    return None
+
+
+def _read_jsonl(path: Path) -> tuple[tuple[str, int], ...]:
+    pairs = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = _JsonlLine.model_validate_json(line)
+            except ValidationError as e:
+                first = e.errors()[0]
+                field = ".".join(map(str, first["loc"]))
+                raise WorkloadError(f"{path}:{number}: {field + ': ' if field else ''}{first['msg']}") from None
+            pairs.append((record.prompt, record.max_tokens))
+    return tuple(pairs)

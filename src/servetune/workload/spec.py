@@ -1,0 +1,185 @@
+"""What a workload file says: request lengths, shared prefixes or a dataset, and the load shape."""
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+
+class WorkloadError(Exception):
+    """A workload file, dataset or tokenizer that cannot be used; the message is one line."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fixed(_Model):
+    """Every request has `value` tokens."""
+
+    type: Literal["fixed"] = "fixed"
+    value: PositiveInt
+
+    @property
+    def low(self) -> int:
+        """The shortest length it produces."""
+        return self.value
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """`size` lengths in tokens (int64)."""
+        return np.full(size, self.value, dtype=np.int64)
+
+
+class _Bounded(_Model):
+    """Samples are rounded and clipped to [min, max] tokens."""
+
+    min: PositiveInt = 1
+    max: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+    @property
+    def low(self) -> int:
+        return self.min
+
+    def _clip(self, draws: np.ndarray) -> np.ndarray:
+        return np.clip(np.rint(draws), self.min, self.max).astype(np.int64)
+
+
+class Uniform(_Bounded):
+    """Integers uniform on [min, max]."""
+
+    type: Literal["uniform"] = "uniform"
+    max: PositiveInt
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.integers(self.min, self.max, size, endpoint=True)
+
+
+class Normal(_Bounded):
+    """Normal with `mean` and `std` in tokens."""
+
+    type: Literal["normal"] = "normal"
+    mean: PositiveFloat
+    std: float = Field(ge=0)
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return self._clip(rng.normal(self.mean, self.std, size))
+
+
+class LogNormal(_Bounded):
+    """Log-normal whose lengths have `mean` and `std` in tokens (a long right tail, like chat traffic)."""
+
+    type: Literal["lognormal"] = "lognormal"
+    mean: PositiveFloat
+    std: float = Field(ge=0)
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        sigma2 = math.log1p((self.std / self.mean) ** 2)
+        return self._clip(rng.lognormal(math.log(self.mean) - sigma2 / 2, math.sqrt(sigma2), size))
+
+
+LengthDistribution = Annotated[Fixed | Uniform | Normal | LogNormal, Field(discriminator="type")]
+
+
+class SharedPrefix(_Model):
+    """Each request starts with one of `groups` distinct prefixes of `length` tokens."""
+
+    length: PositiveInt
+    groups: PositiveInt = 1
+
+
+class DatasetSpec(_Model):
+    """Prompts and output lengths from a file; ShareGPT entries outside the length limits are skipped."""
+
+    path: Path
+    format: Literal["sharegpt", "jsonl"]
+    min_len: PositiveInt = 4
+    max_prompt_len: PositiveInt = 1024
+    max_total_len: PositiveInt = 2048
+
+
+class WorkloadSpec(_Model):
+    """A workload: what to send (synthetic lengths or a dataset) and the load shape to send it at."""
+
+    num_requests: PositiveInt
+    seed: int = 0
+    input_len: LengthDistribution | None = None
+    output_len: LengthDistribution | None = None
+    prefix: SharedPrefix | None = None
+    dataset: DatasetSpec | None = None
+    request_rate: PositiveFloat = math.inf
+    burstiness: float = Field(1.0, gt=0, allow_inf_nan=False)
+    max_concurrency: PositiveInt | None = None
+    endpoint: Literal["completions", "chat"] = "completions"
+
+    @model_validator(mode="after")
+    def _lengths_from_one_source(self) -> Self:
+        synthetic = {"input_len": self.input_len, "output_len": self.output_len, "prefix": self.prefix}
+        if self.dataset is not None:
+            given = [name for name, value in synthetic.items() if value is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} cannot be combined with dataset (lengths come from it)")
+            return self
+        if self.input_len is None or self.output_len is None:
+            raise ValueError("input_len and output_len are required unless a dataset is given")
+        if self.prefix is not None and self.input_len.low <= self.prefix.length:
+            low, prefix = self.input_len.low, self.prefix.length
+            raise ValueError(f"input_len must always exceed prefix.length ({prefix}); its lower bound is {low}")
+        return self
+
+    @classmethod
+    def random(cls, input_len: int, output_len: int, num_requests: int, seed: int = 0, **load: Any) -> Self:
+        """Fixed-length random prompts, like `vllm bench serve --dataset-name random`; `load` sets the load shape."""
+        return cls(
+            num_requests=num_requests,
+            seed=seed,
+            input_len=Fixed(value=input_len),
+            output_len=Fixed(value=output_len),
+            **load,
+        )
+
+
+def load_workload(path: Path) -> WorkloadSpec:
+    """Read and validate a workload YAML file; a relative dataset path is taken relative to the file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise WorkloadError(f"{path}: invalid YAML{where}: {problem}") from None
+    try:
+        spec = WorkloadSpec.model_validate(raw)
+    except ValidationError as e:
+        raise WorkloadError(f"{path}: {_first_error(e, raw)}") from None
+    if spec.dataset is not None and not spec.dataset.path.is_absolute():
+        dataset = spec.dataset.model_copy(update={"path": path.parent / spec.dataset.path})
+        spec = spec.model_copy(update={"dataset": dataset})
+    return spec
+
+
+def _first_error(error: ValidationError, raw: Any) -> str:
+    """The first validation error as "field.path: message", leaving out union tags like "normal"."""
+    first = error.errors()[0]
+    names, node = [], raw
+    for part in first["loc"]:
+        if isinstance(node, dict) and part not in node and node.get("type") == part:
+            continue  # the discriminator's tag, not a field
+        names.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else None
+    message = first["msg"].removeprefix("Value error, ")
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{'.'.join(names)}: {message}{more}" if names else f"{message}{more}"
