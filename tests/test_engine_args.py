@@ -36,6 +36,19 @@ def test_unsupported_flags_are_found_and_dropped():
     assert drop_unsupported(args, VLLM) == {"max_num_seqs": 8, "cpu_kvcache_space_gib": 1}
 
 
-def test_serve_command_carries_the_cpu_kv_cache_env():
-    assert serve_command("/m", {"cpu_kvcache_space_gib": 2, "enforce_eager": True}) == (
-        "VLLM_CPU_KVCACHE_SPACE=2 vllm serve /m --enforce-eager")
+def test_serve_command():
+    assert serve_command("/m", {"kv_cache_memory_bytes": 2**30, "enforce_eager": True}) == (
+        "vllm serve /m --kv-cache-memory-bytes 1073741824 --enforce-eager")
+
+
+def test_cpu_kv_cache_space_becomes_kv_cache_memory_bytes(monkeypatch):
+    from servetune.engine.launcher import resolve_args
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert resolve_args({"cpu_kvcache_space_gib": 0.25}, VLLM) == {"kv_cache_memory_bytes": 2**28}
+    assert resolve_args({}, VLLM) == {"kv_cache_memory_bytes": 2**30}
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert resolve_args({}, VLLM) == {"kv_cache_memory_bytes": 3 * 2**30}
+    assert resolve_args({"kv_cache_memory_bytes": 5}, VLLM) == {"kv_cache_memory_bytes": 5}
+    gpu = InstalledVllm("0.0", "cuda", VLLM.flags)
+    assert resolve_args({"max_num_seqs": 8}, gpu) == {"max_num_seqs": 8}

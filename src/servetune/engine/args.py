@@ -9,8 +9,9 @@ import yaml
 
 from servetune.engine.installed import InstalledVllm
 
-# Not vLLM flags: servetune's names for knobs that reach vLLM another way.
-CPU_KVCACHE_SPACE = "cpu_kvcache_space_gib"  # env VLLM_CPU_KVCACHE_SPACE (whole GiB)
+# Not a vLLM flag: servetune's name for the CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE), launched
+# as --kv-cache-memory-bytes so that fractions of a GiB work and a config file carries it.
+CPU_KVCACHE_SPACE = "cpu_kvcache_space_gib"
 PSEUDO_ARGS = frozenset({CPU_KVCACHE_SPACE})
 
 
@@ -74,9 +75,5 @@ def drop_unsupported(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dic
 
 
 def serve_command(model: str, engine_args: Mapping[str, Any]) -> str:
-    """The `vllm serve` shell command for a config, with the env var a CPU KV cache size needs."""
-    args = normalize(engine_args)
-    prefix = ""
-    if args.get(CPU_KVCACHE_SPACE) is not None:
-        prefix = f"VLLM_CPU_KVCACHE_SPACE={int(args[CPU_KVCACHE_SPACE])} "
-    return prefix + shlex.join(["vllm", "serve", model, *to_argv(args)])
+    """The `vllm serve` shell command for a config (as launched: see launcher.resolve_args)."""
+    return shlex.join(["vllm", "serve", model, *to_argv(engine_args)])

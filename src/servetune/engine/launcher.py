@@ -40,11 +40,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[str, Any]:
-    """The args as launched: on CPU the KV cache size is always explicit (vLLM's own CPU default asks for
-    92% of RAM and fails on a shared machine); `kv_cache_memory_bytes`, if given, wins."""
+    """The args as launched. On CPU the KV cache size is always explicit, as `kv_cache_memory_bytes`
+    (what VLLM_CPU_KVCACHE_SPACE sets, but fractional GiB too): from `cpu_kvcache_space_gib`, else the
+    environment's VLLM_CPU_KVCACHE_SPACE, else 1 GiB (vLLM's own CPU default asks for 92% of RAM and
+    fails on a shared machine)."""
     args = normalize(engine_args)
-    if vllm.on_cpu and args.get(CPU_KVCACHE_SPACE) is None and args.get("kv_cache_memory_bytes") is None:
-        args[CPU_KVCACHE_SPACE] = int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or DEFAULT_CPU_KVCACHE_SPACE_GIB)
+    space = args.pop(CPU_KVCACHE_SPACE, None)
+    if vllm.on_cpu and args.get("kv_cache_memory_bytes") is None:
+        space = space or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or DEFAULT_CPU_KVCACHE_SPACE_GIB)
+        args["kv_cache_memory_bytes"] = int(float(space) * 2**30)
     return args
 
 
@@ -88,8 +92,8 @@ class Engine:
         env = dict(os.environ)
         env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                     "PYTHONUNBUFFERED": "1"})
-        if self.engine_args.get(CPU_KVCACHE_SPACE) is not None:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.engine_args[CPU_KVCACHE_SPACE]))
+        if self.vllm.on_cpu:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
         env.update(self.extra_env)
         return env
 
