@@ -6,7 +6,8 @@ Prints `port N` once listening. Streams `max_tokens` (chat: `max_completion_toke
 vLLM does (chat adds a leading role-only delta), then a usage chunk and `data: [DONE]`. With
 D = 0 a whole response is written at once; otherwise every open stream advances one token per
 D ms tick, like an engine's decode step. Faults are asked for in the prompt: `fake:status=500`
-answers that status, `fake:close_after=K` aborts the connection after K tokens.
+answers that status, `fake:close_after=K` aborts the connection after K tokens,
+`fake:error_after=K` ends the stream after K tokens with vLLM's mid-stream error event.
 `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
 """
 
@@ -41,6 +42,7 @@ _ROLE = _chunk(
     b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}'
 )
 _DONE = _chunk(b"[DONE]")
+_ERROR = _chunk(b'{"error": {"message": "injected", "type": "InternalServerError", "code": 500}}')
 
 
 def _response(status: int, reason: str, body: dict) -> bytes:
@@ -72,6 +74,8 @@ class FakeServer:
         self.requests += 1
         req = json.loads(body)
         prompt = req["prompt"] if endpoint == "completions" else req["messages"][-1]["content"]
+        if isinstance(prompt, list):  # chat content parts
+            prompt = " ".join(part["text"] for part in prompt)
         faults = dict(kv.split("=") for kv in prompt[5:].split()) if prompt.startswith("fake:") else {}
         if "status" in faults:
             transport.write(_response(int(faults["status"]), "Injected Fault", {"error": "injected"}))
@@ -80,6 +84,8 @@ class FakeServer:
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n,
                  "total_tokens": len(prompt.split()) + n}
         tail = _chunk(json.dumps({"id": "0", "choices": [], "usage": usage}).encode()) + _DONE + _END
+        if "error_after" in faults:
+            n, tail = int(faults["error_after"]), _ERROR + _DONE + _END
         ticks = [_TOKEN[endpoint]] * n
         ticks[-1] += tail
         if endpoint == "chat":

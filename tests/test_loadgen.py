@@ -1,5 +1,6 @@
 """The load generator against tests/fake_server.py, and its arrival process on its own."""
 
+import asyncio
 import json
 import math
 import socket
@@ -8,6 +9,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -95,13 +97,14 @@ def test_max_concurrency_is_respected(slow):
 
 
 def test_errors_are_recorded_not_raised(fast):
-    requests = [RequestSpec("fake:status=500", 1, 8), RequestSpec("fake:close_after=3", 1, 8), *specs(2)]
-    result = run_load_sync(Target(fast, "m"), requests)
-    failed, cut, *good = result.records
+    faults = ["fake:status=500", "fake:close_after=3", "fake:error_after=2"]
+    result = run_load_sync(Target(fast, "m"), [RequestSpec(f, 1, 8) for f in faults] + specs(2))
+    failed, cut, broken, *good = result.records
     assert failed.error_kind == "http_500" and failed.http_status == 500 and not failed.chunk_ns
     assert cut.error_kind == "disconnect" and len(cut.chunk_ns) == 3  # partial timestamps kept
+    assert broken.error_kind == "stream" and len(broken.chunk_ns) == 2
     assert all(r.ok for r in good)
-    assert summarize(result)["errors"] == {"http_500": 1, "disconnect": 1}
+    assert summarize(result)["errors"] == {"http_500": 1, "disconnect": 1, "stream": 1}
 
 
 def test_connection_refused_is_recorded():
@@ -164,3 +167,31 @@ def test_schedule_is_seeded_and_ends_at_n_over_rate():
     assert due != schedule_ns(ArrivalProcess(rate=8, seed=4), 100)
     assert due == sorted(due) and due[0] > 0
     assert due[-1] == pytest.approx(100 / 8 * 1e9, abs=1)
+
+
+@pytest.mark.parametrize(("endpoint", "backend", "path"),
+                         [("completions", "openai", "/v1/completions"),
+                          ("chat", "openai-chat", "/v1/chat/completions")])
+def test_same_numbers_as_vllm_bench_request_function(slow, endpoint, backend, path):
+    bench = pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
+    n, tokens = 6, 20
+
+    async def vllm_side():
+        async with aiohttp.ClientSession() as session:
+            request = bench.RequestFuncInput(prompt="one two three", api_url=slow + path, prompt_len=3,
+                                             output_len=tokens, model="m", ignore_eos=True)
+            return [await bench.ASYNC_REQUEST_FUNCS[backend](request, session) for _ in range(n)]
+
+    theirs = asyncio.run(vllm_side())
+    ours = summarize(run_load_sync(Target(slow, "m", endpoint), specs(n, tokens), max_concurrency=1))
+    assert all(o.success for o in theirs)
+    assert ours["total_output_tokens"] == sum(o.output_tokens for o in theirs) == n * tokens
+    assert ours["total_input_tokens"] == sum(o.prompt_len for o in theirs)
+    itls = [x for o in theirs for x in o.itl]
+    assert ours["completed"] * (len(itls) // n) == len(itls)  # as many ITLs per request
+    assert ours["mean_itl_ms"] == pytest.approx(np.mean(itls) * 1e3, rel=0.05)
+    assert ours["median_itl_ms"] == pytest.approx(np.median(itls) * 1e3, rel=0.05)
+    assert ours["mean_e2el_ms"] == pytest.approx(np.mean([o.latency for o in theirs]) * 1e3, rel=0.05)
+    tpot = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in theirs]
+    assert ours["mean_tpot_ms"] == pytest.approx(np.mean(tpot) * 1e3, rel=0.05)
+    assert ours["mean_ttft_ms"] == pytest.approx(np.mean([o.ttft for o in theirs]) * 1e3, abs=3)

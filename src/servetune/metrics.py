@@ -70,12 +70,12 @@ def steady_request_rate(result: LoadResult) -> float | None:
         return None
     first_send = min(r.start_ns for r in timed)
     last_send = max(r.start_ns for r in timed)
-    fill = min(np.percentile([r.chunk_ns[-1] - r.start_ns for r in ok], 90), (last_send - first_send) / 2)
-    lo = first_send + fill
+    fill_ns = min(np.percentile([e2el_ms(r) for r in ok], 90) * _NS_PER_MS, (last_send - first_send) / 2)
+    lo = first_send + fill_ns
     if last_send <= lo:
         return None
     done = sum(1 for r in ok if lo < r.end_ns <= last_send)
-    return done / ((last_send - lo) / _NS_PER_S)
+    return float(done / ((last_send - lo) / _NS_PER_S))
 
 
 def _peaks(ok: Sequence[RequestRecord]) -> tuple[float, int]:
@@ -130,11 +130,9 @@ def summarize(
     duration = (result.end_ns - result.start_ns) / _NS_PER_S
     total_in = sum(input_tokens(r) for r in ok)
     total_out = sum(output_tokens(r) for r in ok)
-    per_request = {
-        "ttft_ms": [ttft_ms(r) for r in ok],
-        "tpot_ms": [tpot_ms(r) or 0.0 for r in ok],
-        "e2el_ms": [e2el_ms(r) for r in ok],
-    }
+    tpot = [tpot_ms(r) for r in ok]  # None for one-token outputs
+    per_request = {"ttft_ms": [ttft_ms(r) for r in ok], "tpot_ms": [t or 0.0 for t in tpot],
+                   "e2el_ms": [e2el_ms(r) for r in ok]}
     slos = (goodput_slo or {}).items()
     good = sum(all(per_request[k][i] <= slo for k, slo in slos) for i in range(len(ok)))
     peak_tokens, peak_requests = _peaks(ok)
@@ -152,7 +150,7 @@ def summarize(
         "max_concurrent_requests": peak_requests,
     }
     summary |= _distribution("ttft_ms", per_request["ttft_ms"], percentiles)
-    summary |= _distribution("tpot_ms", [tpot_ms(r) for r in ok if output_tokens(r) > 1], percentiles)
+    summary |= _distribution("tpot_ms", [t for t in tpot if t is not None], percentiles)
     summary |= _distribution("itl_ms", [x for r in ok for x in itls_ms(r)], percentiles)
     summary |= _distribution("e2el_ms", per_request["e2el_ms"], percentiles)
     summary |= {

@@ -14,6 +14,9 @@ from servetune.loadgen.records import RequestRecord
 from servetune.workload.request import RequestSpec
 
 _PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# Exactly `output_len` tokens, greedy, streamed, with a final usage chunk.
+_SAMPLING = {"temperature": 0.0, "ignore_eos": True, "stream": True,
+             "stream_options": {"include_usage": True}}
 # vLLM (pydantic) writes compact JSON: an event with the first and without the second is a plain
 # token chunk and needs no parsing; every other event goes through json.loads.
 _TOKEN_CHUNK = b'"choices":[{'
@@ -58,21 +61,12 @@ class Client:
         await self._session.close()
 
     def _body(self, spec: RequestSpec) -> bytes:
-        t = self._target
-        body = {"model": t.model}
-        if t.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": spec.prompt}]
-            body["max_completion_tokens"] = spec.output_len
+        if self._target.endpoint == "chat":
+            messages = [{"role": "user", "content": spec.prompt}]
+            body = {"messages": messages, "max_completion_tokens": spec.output_len}
         else:
-            body["prompt"] = spec.prompt
-            body["max_tokens"] = spec.output_len
-        body |= {
-            "temperature": 0.0,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        return json.dumps(body).encode()
+            body = {"prompt": spec.prompt, "max_tokens": spec.output_len}
+        return json.dumps({"model": self._target.model, **body, **_SAMPLING}).encode()
 
     async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
         """Send `spec` and fill `record` in place. Never raises, except to pass on cancellation:

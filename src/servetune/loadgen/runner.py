@@ -36,6 +36,7 @@ async def run_load(
     after that. `on_record` gets each finished record; `should_stop` gets the finished timed
     records after each completion, and when it returns True sending stops and requests in flight
     are cancelled (recorded with error "cancelled"; those still waiting for a slot are not sent).
+    Automatic garbage collection is paused during the timed part.
     """
     warmup, timed = requests[:warmup_requests], requests[warmup_requests:]
     due_ns = schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(timed))
