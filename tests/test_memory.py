@@ -122,6 +122,19 @@ def test_cpu_kv_size_is_exact(tiny, space_gib, engine_args, logged_tokens, logge
     assert f"{est.max_concurrency:.2f}" == logged_concurrency
     as_engine_arg = predict(tiny, CPU_NODE, {**engine_args, "cpu_kvcache_space_gib": space_gib})
     assert as_engine_arg.kv_cache_tokens == logged_tokens
+    as_bytes = predict(tiny, CPU_NODE, {**engine_args, "kv_cache_memory_bytes": space_gib * GiB})
+    assert as_bytes.kv_cache_tokens == logged_tokens
+
+
+def test_cpu_kv_size_precedence(tiny):
+    """servetune's launcher: kv_cache_memory_bytes, else cpu_kvcache_space_gib (fractional GiB);
+    plain vLLM: env VLLM_CPU_KVCACHE_SPACE (whole GiB) overrides both."""
+    half = predict(tiny, CPU_NODE, {"cpu_kvcache_space_gib": 0.5})
+    assert half.kv_budget_bytes == GiB // 2
+    assert predict(tiny, CPU_NODE, {"cpu_kvcache_space_gib": 0.5, "kv_cache_memory_bytes": 3 * MiB}
+                   ).kv_budget_bytes == 3 * MiB
+    env = Device(CPU_NODE.memory_bytes, kind="cpu", cpu_kvcache_space_gib=2)
+    assert predict(tiny, env, {"kv_cache_memory_bytes": 3 * MiB}).kv_budget_bytes == 2 * GiB
 
 
 def test_cpu_refusal_matches_vllm(tiny):

@@ -39,7 +39,8 @@ GPU_CUDAGRAPH_BYTES_PER_CAPTURE_SIZE = 8 * MiB  # prior: both reference points c
 CPU_NON_TORCH_BYTES = 720 * MiB
 DEFAULT_HEADROOM_BYTES = 2 * GiB  # device memory left outside vLLM's budget by choose_gpu_memory_utilization
 
-CPU_KVCACHE_SPACE_ARG = "cpu_kvcache_space_gib"  # servetune's engine arg for env VLLM_CPU_KVCACHE_SPACE
+# servetune's engine arg for the CPU KV size in GiB (fractional), launched as --kv-cache-memory-bytes
+CPU_KVCACHE_SPACE_ARG = "cpu_kvcache_space_gib"
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 _SAFETENSORS_FLOATS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
@@ -343,9 +344,10 @@ def _plan(shape: ModelShape, device: Device, engine_args: Mapping[str, Any]) -> 
     block_bytes = shape.num_layers * 2 * args["block_size"] * kv_heads * shape.head_dim * kv_dtype_bytes
     width = shape.hidden_size + 2 * shape.intermediate_size / tp
     explicit = args.get("kv_cache_memory_bytes")
-    space_gib = args.get(CPU_KVCACHE_SPACE_ARG, device.cpu_kvcache_space_gib)
-    if device.kind == "cpu" and space_gib is not None:
-        explicit = int(space_gib) * GiB  # vLLM's CPU platform: the env wins over --kv-cache-memory-bytes
+    if device.kind == "cpu" and explicit is None and args.get(CPU_KVCACHE_SPACE_ARG) is not None:
+        explicit = int(float(args[CPU_KVCACHE_SPACE_ARG]) * GiB)  # servetune's launcher: fractional GiB
+    if device.kind == "cpu" and device.cpu_kvcache_space_gib is not None:
+        explicit = int(device.cpu_kvcache_space_gib) * GiB  # vLLM: the env wins over --kv-cache-memory-bytes
     return _Plan(
         args=args,
         weight_bytes=(shape.param_count * dtype_bytes + shape.packed_weight_bytes) // tp,
