@@ -1,7 +1,5 @@
 """The `servetune` command line: bench, tune, report, memory, model, demo."""
 
-import json
-import math
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -14,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from servetune import __version__
+from servetune.jsonio import write_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest vLLM configuration for a model, workload and latency target.")
@@ -182,21 +181,145 @@ def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, i
     return output
 
 
-def jsonable(value):
-    """`value` with infinite floats as the string "inf" (strict JSON has no Infinity) and paths as text."""
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+class TuneProgress:
+    """Rich bars for the tuner: one over trials, one over the requests of the current load level."""
+
+    def __init__(self, bar: Progress, budget: int):
+        self.bar = bar
+        self.trials = bar.add_task("trials", total=budget)
+        self.level = bar.add_task("level", total=1, visible=False)
+
+    def trial_started(self, number: int, config: dict, budget_left: int) -> None:
+        from servetune.engine.args import to_argv
+
+        self.bar.update(self.trials, description=f"trial {number}")
+        self.bar.update(self.level, description="starting vLLM", total=None, completed=0, visible=True)
+        console.print(f"trial {number}: {' '.join(to_argv(config)) or '(vLLM defaults)'}", highlight=False)
+
+    def trial_finished(self, number: int, out: dict) -> None:
+        self.bar.advance(self.trials)
+        if out["status"] != "ok":
+            failure = out["failure"]
+            console.print(f"  failed ({failure['kind']}): {failure['reason']}", highlight=False)
+        elif out.get("goodput_rate") is not None:
+            lo, hi = out["goodput_bracket"]
+            console.print(f"  goodput rate {lo:.2f} req/s (fails at {hi:.2f}); capacity "
+                          f"{out['request_throughput']:.2f} req/s", highlight=False)
+        else:
+            console.print(f"  throughput {out['request_throughput']:.2f} req/s", highlight=False)
+
+    def level_started(self, name: str, rate: float, n: int) -> None:
+        self.bar.update(self.level, description=f"{name} @ {rate:.2f} req/s", total=n, completed=0)
+
+    def record(self, record) -> None:
+        self.bar.advance(self.level)
 
 
-def write_json(path: Path, value) -> None:
-    path.write_text(json.dumps(jsonable(value), indent=2) + "\n")
+def _result_table(summary: dict) -> Table:
+    table = Table(title=f"servetune tune: {summary['objective']} under {summary['slo'] or 'no SLO'}")
+    for col in ("", "goodput rate (req/s)", "throughput (req/s)", "p99 TTFT (ms)", "p99 TPOT (ms)", "config"):
+        table.add_column(col)
+    from servetune.engine.args import to_argv
+
+    for name in ("default", "best"):
+        m = summary[name]
+        if m is None:
+            continue
+        rate = "-" if m["goodput_rate"] is None else f"{m['goodput_rate']:.2f}"
+        table.add_row(f"{name} (trial {m['trial']})", rate, f"{m['request_throughput']:.2f}",
+                      f"{m['p99_ttft_ms']:.1f}", f"{m['p99_tpot_ms']:.2f}", " ".join(to_argv(m["config"])) or "-")
+    return table
+
+
+def _tune(opts) -> dict:
+    from servetune.tune import tune as run_tune
+
+    with progress_bar() as bar:
+        summary = run_tune(opts, TuneProgress(bar, opts.budget))
+    console.print(_result_table(summary))
+    if summary["best"] is not None:
+        gain = summary["gain"]
+        verdict = (f"best beats the default by {100 * gain:+.1f}% beyond the measured resolution"
+                   if summary["best_beats_default"] else "no config beat the default beyond the measured resolution")
+        console.print(f"{verdict}\nrun it: {summary['best_command']}\noutputs: {opts.out}/", highlight=False)
+    return summary
+
+
+def _tune_guarded(opts) -> None:
+    from servetune.study import StudyError
+
+    try:
+        with one_line_errors():
+            try:
+                _tune(opts)
+            except StudyError as e:
+                raise UsageError(str(e)) from None
+    except KeyboardInterrupt:
+        fail(f"interrupted; no server is left running. Continue with the same command and --resume", code=130)
+
+
+@app.command()
+def tune(
+    model: Annotated[str, typer.Option(help="Model path (or name) to serve.")],
+    workload: Annotated[Path, typer.Option(help="Workload YAML file.")],
+    out: Annotated[Path, typer.Option(help="Output directory.")],
+    slo: SloOption = [],
+    objective: Annotated[str, typer.Option(help="goodput (highest rate within SLOs) or throughput (at rate inf).")] = "goodput",
+    strategy: Annotated[str, typer.Option(help="seed (the manual procedure), grid or optuna.")] = "optuna",
+    budget: Annotated[int, typer.Option(min=1, help="Servers to launch, vLLM's defaults included.")] = 6,
+    study: Annotated[Optional[str], typer.Option(help="Optuna storage URL; default sqlite in OUT.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the study in OUT (or --study).")] = False,
+    engine_arg: EngineArgOption = [],
+    knob: Annotated[list[str], typer.Option(help="Optional knob to search too: block_size, kv_cache_dtype, cudagraph_capture, tensor_parallel_size.")] = [],
+    tokenizer: Annotated[Optional[str], typer.Option()] = None,
+    level_seconds: Annotated[float, typer.Option(help="Target length of a load level.")] = 30.0,
+    level_requests: Annotated[int, typer.Option(help="Most requests in a level.")] = 300,
+    min_level_requests: Annotated[int, typer.Option(help="Fewest requests in a level.")] = 50,
+    max_levels: Annotated[int, typer.Option(help="Most load levels per trial in the rate search.")] = 6,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
+    with one_line_errors():
+        opts = _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg,
+                             knob, tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed)
+    _tune_guarded(opts)
+
+
+def _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg, knob,
+                  tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed):
+    from servetune.engine.args import parse_pairs
+    from servetune.search.objective import parse_slo
+    from servetune.search.strategies import STRATEGIES
+    from servetune.tune import TuneOptions
+    from servetune.workload import load_workload
+
+    if strategy not in STRATEGIES:
+        raise UsageError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    return TuneOptions(
+        model=model, workload=load_workload(workload), out=out, slo=parse_slo(parse_pairs(slo)), objective=objective,
+        strategy=strategy, budget=budget, storage=study, resume=resume, engine_args=parse_pairs(engine_arg),
+        optional_knobs=tuple(knob), tokenizer=tokenizer, level_seconds=level_seconds, level_requests=level_requests,
+        min_level_requests=min_level_requests, max_levels=max_levels, seed=seed)
+
+
+DEMO_WORKLOAD = Path(__file__).parent / "demo_workload.yaml"
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/demo"),
+    budget: Annotated[int, typer.Option(min=1)] = 4,
+    resume: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Build the tiny model and tune it on this machine with a small budget (CPU: about 10 minutes)."""
+    from servetune.tinymodel import write_tiny_model
+
+    model = write_tiny_model(out / "tiny-llama")
+    console.print(f"wrote the tiny model to {model}")
+    with one_line_errors():
+        opts = _tune_options(str(model.resolve()), DEMO_WORKLOAD, out, ["tpot_p99_ms=40"], "goodput", "optuna",
+                             budget, None, resume, [], [], None, 10.0, 150, 40, 5, 0)
+    _tune_guarded(opts)
 
 
 def main() -> None:

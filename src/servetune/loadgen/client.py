@@ -14,8 +14,8 @@ from servetune.loadgen.records import RequestRecord
 from servetune.workload.request import RequestSpec
 
 _PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-# Exactly `output_len` tokens, greedy, streamed, with a final usage chunk.
-_SAMPLING = {"temperature": 0.0, "ignore_eos": True, "stream": True,
+# Exactly `output_len` tokens (sampling as the server defaults, like vLLM's client), streamed, with a final usage chunk.
+_SAMPLING = {"ignore_eos": True, "stream": True,
              "stream_options": {"include_usage": True}}
 # vLLM (pydantic) writes compact JSON: an event with the first and without the second is a plain
 # token chunk and needs no parsing; every other event goes through json.loads.

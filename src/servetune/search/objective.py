@@ -1,0 +1,90 @@
+"""What a trial is scored on: SLOs a load level must meet, and the search for the highest rate that meets them."""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# SLO name -> the level metric it bounds (p99 over the level's requests, vLLM's field names)
+SLO_METRICS = {
+    "ttft_p99_ms": "p99_ttft_ms",
+    "tpot_p99_ms": "p99_tpot_ms",
+    "itl_p99_ms": "p99_itl_ms",
+    "e2el_p99_ms": "p99_e2el_ms",
+}
+KEEP_UP_FRACTION = 0.95  # a level keeps up when its steady completion rate is >= 95% of the offered rate
+
+
+def parse_slo(slo: Mapping[str, float]) -> dict[str, float]:
+    """Validate SLO names and values: {'ttft_p99_ms': 1000.0, ...}."""
+    unknown = sorted(set(slo) - set(SLO_METRICS))
+    if unknown:
+        raise ValueError(f"unknown SLO {', '.join(unknown)}; use {', '.join(SLO_METRICS)}")
+    bad = [k for k, v in slo.items() if not (isinstance(v, (int, float)) and v > 0)]
+    if bad:
+        raise ValueError(f"SLO {', '.join(bad)} must be a positive number of ms")
+    return {k: float(v) for k, v in slo.items()}
+
+
+def level_verdict(metrics: Mapping, slo: Mapping[str, float]) -> list[str]:
+    """Why a level fails its SLOs (empty when it meets them all). A level must also keep up: finish its
+    requests without errors and complete them, in its steady part, at >= 95% of the offered rate; an
+    overloaded level can meet latency SLOs while its queue is still filling."""
+    reasons = [f"{name} {metrics[SLO_METRICS[name]]:.1f} > {bound:g}"
+               for name, bound in slo.items() if metrics[SLO_METRICS[name]] > bound]
+    if metrics["failed"]:
+        reasons.append(f"{metrics['failed']} requests failed")
+    if metrics.get("stopped_early"):
+        reasons.append("cut short: saturated")
+    offered, steady = metrics["offered_request_rate"], metrics.get("steady_request_rate")
+    if math.isfinite(offered) and (steady is None or steady < KEEP_UP_FRACTION * offered):
+        reasons.append(f"served {steady or 0:.2f} of {offered:.2f} req/s")
+    return reasons
+
+
+@dataclass
+class RateSearch:
+    """Bracketing and bisection for the goodput rate: the highest request rate whose level meets the SLOs.
+
+    Starts at `start_fraction` of the measured capacity (the throughput at rate inf), halves until a rate
+    passes, then bisects between the highest passing and the lowest failing rate until they are within
+    `resolution` (relative) or `max_levels` rates were tried. Pure: the caller measures each rate.
+    """
+
+    capacity: float
+    resolution: float = 0.05
+    max_levels: int = 6
+    start_fraction: float = 0.8
+    min_fraction: float = 1 / 32
+
+    def __post_init__(self) -> None:
+        self.passed: float | None = None  # highest rate that met the SLOs
+        self.failed: float | None = None  # lowest rate that did not
+        self.tried: list[tuple[float, bool]] = []
+
+    def tell(self, rate: float, ok: bool) -> None:
+        self.tried.append((rate, ok))
+        if ok and (self.passed is None or rate > self.passed):
+            self.passed = rate
+        if not ok and (self.failed is None or rate < self.failed):
+            self.failed = rate
+
+    def next_rate(self) -> float | None:
+        """The next rate to measure, or None when done."""
+        if len(self.tried) >= self.max_levels or self.capacity <= 0:
+            return None
+        if self.passed is None:
+            rate = self.capacity * self.start_fraction if self.failed is None else self.failed / 2
+            return rate if rate >= self.capacity * self.min_fraction else None
+        upper = self.failed if self.failed is not None else self.capacity
+        if (upper - self.passed) / upper <= self.resolution:
+            return None
+        return (self.passed + upper) / 2
+
+    @property
+    def goodput_rate(self) -> float:
+        return self.passed or 0.0
+
+    @property
+    def bracket(self) -> tuple[float, float]:
+        """[passed, failed): the goodput rate lies in here (failed defaults to the capacity)."""
+        return self.goodput_rate, self.failed if self.failed is not None else self.capacity

@@ -1,0 +1,101 @@
+"""The search space: vLLM knobs with ladders of values, derived from the workload and the installed vLLM."""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from servetune.engine.args import CPU_KVCACHE_SPACE
+from servetune.engine.installed import InstalledVllm
+
+BLOCK_SIZE = 16
+CHUNK_BASE = 128  # the procedure: with chunked prefill, start near 128 and double
+OPTIONAL_KNOBS = ("block_size", "kv_cache_dtype", "cudagraph_capture", "tensor_parallel_size")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One engine argument and the values the search may give it, in ladder order."""
+
+    name: str
+    choices: tuple
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Knobs to search, args every searched config gets (`fixed`), and the workload's longest request."""
+
+    knobs: tuple[Knob, ...]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    max_model_len: int = 0
+
+    def knob(self, name: str) -> Knob | None:
+        return next((k for k in self.knobs if k.name == name), None)
+
+    def config(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Engine args of a searched trial: the fixed args plus the sampled knob values."""
+        return {**self.fixed, **params}
+
+    def violation(self, config: Mapping[str, Any]) -> str | None:
+        """Why vLLM would refuse `config` at start-up, or None. Checked before launching anything."""
+        mnbt, mml = config.get("max_num_batched_tokens"), config.get("max_model_len")
+        if config.get("enable_chunked_prefill") is False and mnbt is not None and mml is not None and mnbt < mml:
+            return f"max_num_batched_tokens ({mnbt}) < max_model_len ({mml}) needs chunked prefill"
+        seqs = config.get("max_num_seqs")
+        if mnbt is not None and seqs is not None and mnbt < seqs:
+            return f"max_num_batched_tokens ({mnbt}) < max_num_seqs ({seqs})"
+        return None
+
+    def to_dict(self) -> dict:
+        return {"knobs": {k.name: list(k.choices) for k in self.knobs}, "fixed": self.fixed,
+                "max_model_len": self.max_model_len}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SearchSpace":
+        knobs = tuple(Knob(name, tuple(choices)) for name, choices in data["knobs"].items())
+        return cls(knobs, dict(data["fixed"]), data["max_model_len"])
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def batched_tokens_ladder(max_model_len: int) -> tuple[int, ...]:
+    """Chunk sizes 128 * 2^k below 4x max_model_len, and whole multiples 1x..4x max_model_len."""
+    chunks = [CHUNK_BASE * 2**k for k in range(12) if CHUNK_BASE * 2**k < max_model_len]
+    return tuple(sorted(set(chunks + [m * max_model_len for m in (1, 2, 3, 4)])))
+
+
+def build_space(
+    vllm: InstalledVllm,
+    max_request_len: int,
+    *,
+    optional: Iterable[str] = (),
+    fixed: Mapping[str, Any] | None = None,
+) -> SearchSpace:
+    """The procedure's knobs for a workload whose longest request (input + output) is `max_request_len`.
+
+    max_model_len is fixed to that, rounded up to the block size. Knobs the installed vLLM does not accept
+    are dropped; knobs named in `fixed` (the user's --engine-arg) are not searched.
+    """
+    fixed = {"max_model_len": round_up(max_request_len, BLOCK_SIZE), **(fixed or {})}
+    mml = fixed["max_model_len"]
+    knobs = [
+        Knob("max_num_batched_tokens", batched_tokens_ladder(mml)),
+        Knob("enable_chunked_prefill", (True, False)),
+        Knob("enable_prefix_caching", (True, False)),
+        Knob("max_num_seqs", (16, 32, 64, 128, 256) if vllm.on_cpu else (64, 128, 256, 512, 1024)),
+        Knob("enforce_eager", (False, True)),
+        Knob(CPU_KVCACHE_SPACE, (0.25, 0.5, 1, 2)) if vllm.on_cpu else Knob("gpu_memory_utilization", (0.85, 0.9, 0.95)),
+    ]
+    extra = {
+        "block_size": Knob("block_size", (16, 32, 64) if not vllm.on_cpu else (16, 32, 128)),
+        "kv_cache_dtype": Knob("kv_cache_dtype", ("auto", "fp8")),
+        "cudagraph_capture": Knob("max_cudagraph_capture_size", (128, 256, 512)),
+        "tensor_parallel_size": Knob("tensor_parallel_size", (1, 2, 4, 8)),
+    }
+    for name in optional:
+        if name not in extra:
+            raise ValueError(f"unknown optional knob {name!r}; choose from {', '.join(OPTIONAL_KNOBS)}")
+        knobs.append(extra[name])
+    kept = tuple(k for k in knobs if k.name not in fixed and (k.name == CPU_KVCACHE_SPACE or vllm.accepts(k.name)))
+    return SearchSpace(kept, dict(fixed), mml)

@@ -1,0 +1,138 @@
+"""Search strategies: each proposes the next config of a study. `seed` follows the manual tuning procedure,
+`grid` walks the space, `optuna` lets a sampler (TPE, constrained when the objective is throughput under SLOs)
+choose. The search never launches anything: the tuner measures and tells the study."""
+
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from servetune.search.space import SearchSpace
+
+STRATEGIES = ("seed", "grid", "optuna")
+
+
+class Strategy(Protocol):
+    """Makes the study's sampler and, for strategies that plan themselves, queues the next config."""
+
+    def sampler(self) -> optuna.samplers.BaseSampler: ...
+
+    def plan_next(self, study: optuna.Study) -> bool:
+        """Queue the next config if this strategy picks configs itself; False when it has nothing left."""
+        ...
+
+
+def value_of(t: FrozenTrial) -> float:
+    return t.value if t.state == TrialState.COMPLETE and t.value is not None else float("-inf")
+
+
+class OptunaStrategy:
+    """TPE (multivariate, constant liar) over the categorical knobs; with SLO constraints when the
+    objective is plain throughput, via `constraints_func` reading the trial's `constraints` attribute."""
+
+    def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool):
+        self.space, self.budget, self.seed, self.constrained = space, budget, seed, constrained
+
+    def sampler(self) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.TPESampler(
+            seed=self.seed, multivariate=True, constant_liar=True,
+            n_startup_trials=max(2, self.budget // 3),
+            constraints_func=(lambda t: t.user_attrs.get("constraints", [0.0])) if self.constrained else None,
+        )
+
+    def plan_next(self, study: optuna.Study) -> bool:
+        return True
+
+
+class GridStrategy(OptunaStrategy):
+    """Every combination of the knobs' values, in a seeded random order."""
+
+    def sampler(self) -> optuna.samplers.BaseSampler:
+        grid = {k.name: list(k.choices) for k in self.space.knobs}
+        return optuna.samplers.GridSampler(grid, seed=self.seed)
+
+
+class SeedStrategy:
+    """The manual procedure, one ladder per knob on top of the best config so far:
+    max_model_len is fixed to the workload's longest request (the space does that); then
+    max-num-batched-tokens with chunked prefill at 128, 256, 512 ...; then without chunked prefill at
+    1x, 2x, 3x ... max-model-len; then prefix caching off/on, max-num-seqs, the KV cache size; and
+    enforce-eager only once a config ran out of memory. A ladder stops at the first launch failure or
+    preemption, or when a step is no better than the one before."""
+
+    def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool):
+        self.space = space
+        self.steps = self._ladders()
+
+    def sampler(self) -> optuna.samplers.BaseSampler:
+        return optuna.samplers.RandomSampler(seed=0)  # unused: every config is queued
+
+    def _ladders(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        mml = self.space.max_model_len
+        mnbt = self.space.knob("max_num_batched_tokens")
+        ladders: list[tuple[str, list[dict[str, Any]]]] = []
+        if mnbt is not None:
+            chunked = [v for v in mnbt.choices if v < mml]
+            whole = [v for v in mnbt.choices if v >= mml and v % mml == 0]
+            ladders.append(("chunked", [{"enable_chunked_prefill": True, "max_num_batched_tokens": v} for v in chunked]))
+            ladders.append(("whole", [{"enable_chunked_prefill": False, "max_num_batched_tokens": v} for v in whole]))
+        for name in ("enable_prefix_caching", "max_num_seqs", "cpu_kvcache_space_gib", "gpu_memory_utilization"):
+            knob = self.space.knob(name)
+            if knob is not None:
+                ladders.append((name, [{name: v} for v in knob.choices]))
+        return ladders
+
+    def _history(self, study: optuna.Study) -> list[FrozenTrial]:
+        return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("role") in ("default", "seed")]
+
+    def _next(self, study: optuna.Study) -> dict[str, Any] | None:
+        history = self._history(study)
+        tried = {tuple(sorted(t.params.items())) for t in history}
+        done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        best = max(done, key=value_of, default=None)
+        base = dict(best.params) if best is not None else {}
+        oom = any(((t.user_attrs.get("outcome") or {}).get("failure") or {}).get("kind") == "oom" for t in done)
+        ladders = self.steps + ([("enforce_eager", [{"enforce_eager": True}])] if oom else [])
+        for ladder, steps in ladders:
+            ran = [t for t in done if t.user_attrs.get("ladder") == ladder]
+            if self._ladder_stopped(ran):
+                continue
+            for step in steps:
+                params = {**base, **step}
+                key = tuple(sorted(params.items()))
+                if key not in tried and self.space.violation(self.space.config(params)) is None:
+                    return {"params": params, "ladder": ladder}
+        return None
+
+    @staticmethod
+    def _ladder_stopped(ran: list[FrozenTrial]) -> bool:
+        if not ran:
+            return False
+        last = ran[-1]
+        out = last.user_attrs.get("outcome") or {}
+        if last.state != TrialState.COMPLETE or out.get("preemptions", 0) > 0:
+            return True
+        return len(ran) >= 2 and value_of(last) <= value_of(ran[-2])
+
+    def plan_next(self, study: optuna.Study) -> bool:
+        step = self._next(study)
+        if step is None:
+            return False
+        study.enqueue_trial(step["params"], user_attrs={"role": "seed", "ladder": step["ladder"],
+                                                        "planned": step["params"]})
+        return True
+
+
+def make_strategy(name: str, space: SearchSpace, budget: int, seed: int, constrained: bool) -> Strategy:
+    classes = {"seed": SeedStrategy, "grid": GridStrategy, "optuna": OptunaStrategy}
+    if name not in classes:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    return classes[name](space, budget, seed, constrained)
+
+
+def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
+    """The config of a searched trial: the knobs a queued trial planned, otherwise every knob sampled."""
+    planned = trial.user_attrs.get("planned")
+    names = list(planned) if planned is not None else [k.name for k in space.knobs]
+    params = {n: trial.suggest_categorical(n, list(space.knob(n).choices)) for n in names if space.knob(n)}
+    return space.config(params)

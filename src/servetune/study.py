@@ -1,0 +1,78 @@
+"""A tuning study: Optuna storage (SQLite by default, any SQLAlchemy URL) plus per-trial artifacts on disk.
+
+Each trial's outcome lives in its Optuna user attributes (`outcome`: config, start-up facts, load levels,
+metrics, failure) and its raw files under `OUT/trials/NNNN/` (server log, per-level request records).
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+STUDY_NAME = "servetune"
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class StudyError(ValueError):
+    """A study cannot be created or resumed as asked."""
+
+
+def default_storage(out: Path) -> str:
+    return f"sqlite:///{(out / 'study.db').resolve()}"
+
+
+def study_exists(storage: str) -> bool:
+    try:
+        return STUDY_NAME in [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    except Exception as e:  # a storage we cannot open: the caller reports it
+        raise StudyError(f"cannot open study storage {storage}: {e}") from None
+
+
+def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: dict[str, Any], resume: bool) -> optuna.Study:
+    """Create the study, or with `resume` continue it. Refuses to mix studies: an existing study needs
+    `resume`, and a resumed one must be for the same model, workload, SLOs and objective."""
+    exists = study_exists(storage)
+    if exists and not resume:
+        raise StudyError(f"{storage} already holds a study; pass --resume to continue it, or use another --out/--study")
+    if resume and not exists:
+        raise StudyError(f"--resume: no study to resume in {storage}")
+    study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
+                                load_if_exists=True)
+    if exists:
+        old = study.user_attrs.get("meta", {})
+        for key in ("model", "workload", "slo", "objective"):
+            if json.dumps(old.get(key), sort_keys=True) != json.dumps(meta.get(key), sort_keys=True):
+                raise StudyError(f"--resume: the study in {storage} has another {key}: {old.get(key)!r}")
+        requeue_interrupted(study)
+    else:
+        study.set_user_attr("meta", meta)
+    return study
+
+
+def requeue_interrupted(study: optuna.Study) -> list[int]:
+    """Trials left RUNNING by a killed run are marked FAIL (interrupted) and queued again with the same
+    params and role; completed trials are kept as they are."""
+    again = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        study.tell(t.number, state=TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={k: v for k, v in t.user_attrs.items() if k == "role"},
+                            skip_if_exists=False)
+        again.append(t.number)
+    return again
+
+
+def trial_dir(out: Path, number: int) -> Path:
+    return out / "trials" / f"{number:04d}"
+
+
+def outcome(t: FrozenTrial) -> dict | None:
+    return t.user_attrs.get("outcome")
+
+
+def measured(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials that launched a server (completed or failed), in order; not infeasible or interrupted ones."""
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and outcome(t) is not None]

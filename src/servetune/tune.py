@@ -1,0 +1,216 @@
+"""The tuner: ask the strategy for a config, run it as a trial on a real server, tell the study; then write
+the winner as a `vllm serve` config and command, with a summary against vLLM's defaults."""
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from servetune import __version__
+from servetune.engine import probe, serve_command
+from servetune.jsonio import write_json
+from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
+from servetune.search.objective import SLO_METRICS
+from servetune.search.space import build_space
+from servetune.search.strategies import make_strategy, suggest
+from servetune.study import default_storage, measured, open_study, outcome, trial_dir
+from servetune.trial import TrialPlan, run_trial
+from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
+
+MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
+
+
+@dataclass
+class TuneOptions:
+    model: str
+    workload: WorkloadSpec
+    out: Path
+    slo: dict[str, float] = field(default_factory=dict)
+    objective: str = "goodput"
+    strategy: str = "optuna"
+    budget: int = 6
+    storage: str | None = None
+    resume: bool = False
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    optional_knobs: tuple[str, ...] = ()
+    tokenizer: str | None = None
+    level_seconds: float = 30.0
+    level_requests: int = 300
+    min_level_requests: int = 50
+    max_levels: int = 6
+    seed: int = 0
+
+
+class Hooks:
+    """Progress callbacks; the CLI draws bars with them."""
+
+    def trial_started(self, number: int, config: dict, budget_left: int) -> None: ...
+    def trial_finished(self, number: int, out: dict) -> None: ...
+    def level_started(self, name: str, rate: float, n: int) -> None: ...
+    def record(self, record) -> None: ...
+
+
+def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
+    """Run (or resume) a study until `budget` servers were launched, write the outputs, return the summary."""
+    if opts.objective not in ("goodput", "throughput"):
+        raise ValueError(f"unknown objective {opts.objective!r}; use goodput or throughput")
+    if opts.objective == "goodput" and not opts.slo:
+        raise ValueError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
+    vllm = probe()
+    tokenizer = load_tokenizer(opts.tokenizer or opts.model)
+    sets = [build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=opts.level_requests)
+            for k in range(opts.max_levels + 2)]
+    longest = max(r.prompt_len + r.output_len for s in sets for r in s)
+    if opts.workload.endpoint == "chat":
+        longest += 64  # room for the chat template's tokens
+    space = build_space(vllm, longest, optional=opts.optional_knobs, fixed=opts.engine_args)
+    meta = {"model": opts.model, "workload": opts.workload.model_dump(mode="json"), "slo": opts.slo,
+            "objective": opts.objective, "strategy": opts.strategy, "budget": opts.budget,
+            "space": space.to_dict(), "user_engine_args": opts.engine_args, "servetune_version": __version__,
+            "vllm_version": vllm.version, "device": vllm.device_type, "out": str(opts.out.resolve())}
+    strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
+                             constrained=opts.objective == "throughput" and bool(opts.slo))
+    opts.out.mkdir(parents=True, exist_ok=True)
+    study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
+    if not any(t.user_attrs.get("role") == "default" for t in study.get_trials(deepcopy=False)):
+        study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    plan = TrialPlan(opts.model, opts.workload, opts.slo, opts.objective, sets, opts.level_seconds,
+                     opts.min_level_requests, max_levels=opts.max_levels)
+    skipped = 0
+    while len(measured(study)) < opts.budget and skipped < MAX_SKIPPED_IN_A_ROW:
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if not waiting and not strategy.plan_next(study):
+            break
+        trial = study.ask()
+        default = trial.user_attrs.get("role") == "default"
+        config = dict(opts.engine_args) if default else suggest(trial, space)
+        reason = None if default else space.violation(config)
+        twin = None if default else _measured_twin(study, trial, config)
+        if reason is not None or twin is not None:
+            skipped += 1
+            trial.set_user_attr("skipped", reason or f"same config as trial {twin.number}")
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        skipped = 0
+        hooks.trial_started(trial.number, config, opts.budget - len(measured(study)))
+        out = run_trial(plan, config, trial_dir(opts.out, trial.number),
+                        on_level=hooks.level_started, on_record=hooks.record)
+        out["artifacts"] = str(trial_dir(opts.out, trial.number))
+        trial.set_user_attr("outcome", out)
+        trial.set_user_attr("config_requested", config)
+        if out["status"] == "ok":
+            trial.set_user_attr("constraints", _constraints(out, opts.slo))
+            study.tell(trial, _value(out, opts.objective))
+        else:
+            study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
+        hooks.trial_finished(trial.number, out)
+    return write_outputs(study, opts.out)
+
+
+def _value(out: dict, objective: str) -> float:
+    return out["goodput_rate"] if objective == "goodput" else out["request_throughput"]
+
+
+def _constraints(out: dict, slo: dict[str, float]) -> list[float]:
+    """Optuna constraints (<= 0 is feasible): each p99 over its SLO, at the capacity level."""
+    metrics = out["levels"][0]["metrics"]
+    return [metrics[SLO_METRICS[k]] - v for k, v in slo.items()] or [0.0]
+
+
+def _measured_twin(study: optuna.Study, trial: optuna.Trial, config: dict) -> FrozenTrial | None:
+    for t in measured(study):
+        if t.number != trial.number and t.user_attrs.get("config_requested") == config:
+            return t
+    return None
+
+
+def _row(t: FrozenTrial) -> dict:
+    out = outcome(t) or {}
+    failure = out.get("failure") or {}
+    return {
+        "trial": t.number, "role": t.user_attrs.get("role", "search"), "status": out.get("status"),
+        "config": out.get("config"), "goodput_rate": out.get("goodput_rate"),
+        "goodput_bracket": out.get("goodput_bracket"),
+        "request_throughput": out.get("request_throughput"), "p99_ttft_ms": out.get("p99_ttft_ms"),
+        "p99_tpot_ms": out.get("p99_tpot_ms"), "preemptions": out.get("preemptions"),
+        "kv_cache_tokens": (out.get("startup") or {}).get("kv_cache_tokens"),
+        "ready_s": (out.get("startup") or {}).get("ready_s"),
+        "failure": f"{failure.get('kind')}: {failure.get('reason')}" if failure else None,
+        "value": t.value if t.state == TrialState.COMPLETE else None,
+    }
+
+
+def _summary_entry(row: dict | None) -> dict | None:
+    if row is None:
+        return None
+    keys = ("config", "goodput_rate", "request_throughput", "p99_ttft_ms", "p99_tpot_ms")
+    return {k: row[k] for k in keys} | {"trial": row["trial"], "goodput_bracket": row["goodput_bracket"]}
+
+
+def choose_best(rows: list[dict], objective: str) -> tuple[dict | None, dict | None, bool]:
+    """(default, best, significant). The best must beat the default beyond the measurement's resolution:
+    for goodput, its passing rate is at or above the rate at which the default failed (the brackets do not
+    overlap); for throughput, by more than 5%. Otherwise the default is recommended."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    default = next((r for r in ok if r["role"] == "default"), None)
+    best = max(ok, key=lambda r: r["value"] or 0.0, default=None)
+    if best is None or default is None or best is default:
+        return default, best or default, False
+    if objective == "goodput":
+        significant = best["goodput_bracket"][0] >= default["goodput_bracket"][1] > 0 or (
+            default["goodput_rate"] == 0 and best["goodput_rate"] > 0)
+    else:
+        significant = best["request_throughput"] > 1.05 * default["request_throughput"]
+    return default, best if significant else default, significant
+
+
+def vllm_config_yaml(model: str, config: dict) -> str:
+    """A file `vllm serve --config` accepts: kebab-case flag names, as launched."""
+    flags: dict[str, Any] = {"model": model}
+    for key, value in config.items():
+        if key != CPU_KVCACHE_SPACE and value is not None:
+            flags[key.replace("_", "-")] = value
+    return yaml.safe_dump(flags, sort_keys=False)
+
+
+def write_outputs(study: optuna.Study, out: Path) -> dict:
+    """best.yaml, best_command.sh, trials.csv and summary.json under `out`; returns the summary."""
+    meta = study.user_attrs["meta"]
+    rows = [_row(t) for t in measured(study)]
+    default, best, significant = choose_best(rows, meta["objective"])
+    summary = {
+        "objective": meta["objective"], "slo": meta["slo"],
+        "default": _summary_entry(default), "best": _summary_entry(best),
+        "best_beats_default": significant,
+        "gain": (best["value"] / default["value"] - 1) if best and default and default["value"] else None,
+        "trials": len(rows), "failed": sum(r["status"] != "ok" for r in rows),
+        "skipped": sum(1 for t in study.get_trials(deepcopy=False) if "skipped" in t.user_attrs),
+        "model": meta["model"], "strategy": meta["strategy"], "vllm_version": meta["vllm_version"],
+        "device": meta["device"],
+    }
+    if best is not None:
+        (out / "best.yaml").write_text(vllm_config_yaml(meta["model"], best["config"]))
+        command = serve_command(meta["model"], best["config"])
+        (out / "best_command.sh").write_text(f"#!/bin/sh\n# servetune: the best config found\nexec {command}\n")
+        (out / "best_command.sh").chmod(0o755)
+        summary["best_command"] = command
+    with open(out / "trials.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["trial"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv(v) for k, v in row.items()})
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _csv(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return " ".join(to_argv(value)) if isinstance(value, dict) else value
+    if isinstance(value, float) and math.isfinite(value):
+        return round(value, 4)
+    return value

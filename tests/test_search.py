@@ -1,0 +1,173 @@
+"""The search, without servers: space, SLO verdicts, rate bisection, strategies, choosing the winner."""
+
+import math
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from servetune.engine.installed import InstalledVllm
+from servetune.search.objective import RateSearch, level_verdict, parse_slo
+from servetune.search.space import SearchSpace, batched_tokens_ladder, build_space
+from servetune.search.strategies import SeedStrategy, make_strategy, suggest
+from servetune.tune import choose_best, vllm_config_yaml
+
+FLAGS = {name: {"kind": "value", "default": None, "choices": None} for name in (
+    "max_num_batched_tokens", "max_model_len", "max_num_seqs", "gpu_memory_utilization", "block_size")}
+FLAGS |= {name: {"kind": "bool", "default": None, "choices": None} for name in (
+    "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager")}
+CPU = InstalledVllm("0.32.0", "cpu", FLAGS)
+GPU = InstalledVllm("0.24.0", "cuda", FLAGS)
+
+
+def test_space_follows_the_procedure():
+    space = build_space(CPU, 1000)
+    assert space.max_model_len == 1008  # rounded up to the block size
+    assert space.fixed == {"max_model_len": 1008}
+    mnbt = space.knob("max_num_batched_tokens").choices
+    assert mnbt == (128, 256, 512, 1008, 2016, 3024, 4032)
+    assert space.knob("cpu_kvcache_space_gib") is not None and space.knob("gpu_memory_utilization") is None
+    assert build_space(GPU, 1000).knob("gpu_memory_utilization").choices == (0.85, 0.9, 0.95)
+
+
+def test_space_drops_flags_vllm_lacks_and_user_fixed_ones():
+    old = InstalledVllm("0.1", "cuda", {k: v for k, v in FLAGS.items() if k != "enforce_eager"})
+    names = [k.name for k in build_space(old, 512, fixed={"max_num_seqs": 8}).knobs]
+    assert "enforce_eager" not in names and "max_num_seqs" not in names
+    assert [k.name for k in build_space(GPU, 512, optional=["block_size"]).knobs][-1] == "block_size"
+    with pytest.raises(ValueError, match="unknown optional knob"):
+        build_space(GPU, 512, optional=["warp_speed"])
+
+
+def test_constraint_chunked_prefill_off_needs_a_whole_request_per_batch():
+    space = build_space(CPU, 1000)
+    assert "needs chunked prefill" in space.violation(
+        {"max_model_len": 1008, "max_num_batched_tokens": 512, "enable_chunked_prefill": False})
+    assert space.violation({"max_model_len": 1008, "max_num_batched_tokens": 512, "enable_chunked_prefill": True}) is None
+    assert space.violation({"max_num_batched_tokens": 128, "max_num_seqs": 256}) is not None
+    assert SearchSpace.from_dict(space.to_dict()) == space
+    assert batched_tokens_ladder(100) == (100, 200, 300, 400)
+
+
+def test_slo_names_and_values_are_checked():
+    assert parse_slo({"ttft_p99_ms": 500}) == {"ttft_p99_ms": 500.0}
+    with pytest.raises(ValueError, match="unknown SLO ttft_ms"):
+        parse_slo({"ttft_ms": 5})
+    with pytest.raises(ValueError, match="positive"):
+        parse_slo({"tpot_p99_ms": -1})
+
+
+def _metrics(**kw):
+    base = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 20.0, "p99_itl_ms": 30.0, "p99_e2el_ms": 900.0, "failed": 0,
+            "stopped_early": False, "offered_request_rate": 10.0, "steady_request_rate": 9.8}
+    return base | kw
+
+
+def test_level_verdict_needs_slos_met_and_the_server_keeping_up():
+    slo = {"tpot_p99_ms": 25.0}
+    assert level_verdict(_metrics(), slo) == []
+    assert level_verdict(_metrics(p99_tpot_ms=30.0), slo) == ["tpot_p99_ms 30.0 > 25"]
+    # the issue's case: 26 req/s offered, 19.5 served, latency SLOs met while the queue fills
+    assert level_verdict(_metrics(offered_request_rate=26.0, steady_request_rate=19.5), slo) == [
+        "served 19.50 of 26.00 req/s"]
+    assert level_verdict(_metrics(failed=2, stopped_early=True), slo) == ["2 requests failed", "cut short: saturated"]
+    assert level_verdict(_metrics(offered_request_rate=math.inf, steady_request_rate=None), slo) == []
+
+
+def _run(search: RateSearch, true_rate: float) -> RateSearch:
+    while (rate := search.next_rate()) is not None:
+        search.tell(rate, rate <= true_rate)
+    return search
+
+
+def test_rate_search_brackets_the_goodput_rate():
+    search = _run(RateSearch(capacity=10.0, resolution=0.05, max_levels=10), true_rate=5.0)
+    lo, hi = search.bracket
+    assert lo <= 5.0 < hi and (hi - lo) / hi <= 0.05
+    assert search.goodput_rate == lo
+
+
+def test_rate_search_stops_after_max_levels_and_when_nothing_passes():
+    assert len(_run(RateSearch(10.0, max_levels=3), 5.0).tried) == 3
+    never = _run(RateSearch(10.0, max_levels=20), 0.0)
+    assert never.goodput_rate == 0.0 and min(r for r, _ in never.tried) >= 10.0 / 32
+    easy = _run(RateSearch(10.0, max_levels=20), 100.0)
+    assert easy.bracket[1] == 10.0 and easy.goodput_rate >= 9.5
+
+
+def _row(trial, role, value, bracket, status="ok"):
+    return {"trial": trial, "role": role, "status": status, "value": value, "goodput_rate": value,
+            "goodput_bracket": bracket, "request_throughput": value}
+
+
+def test_best_must_beat_the_default_beyond_the_resolution():
+    default = _row(0, "default", 5.0, [5.0, 5.5])
+    close = _row(1, "search", 5.2, [5.2, 5.6])
+    clear = _row(2, "search", 6.0, [6.0, 6.4])
+    assert choose_best([default, close], "goodput") == (default, default, False)
+    assert choose_best([default, close, clear], "goodput") == (default, clear, True)
+    assert choose_best([default, _row(3, "search", 9.0, None, status="failed")], "goodput")[1] is default
+    assert choose_best([default, _row(4, "search", 5.1, None)], "throughput")[2] is False
+
+
+def test_best_yaml_uses_vllm_flag_names():
+    text = vllm_config_yaml("/m", {"max_num_batched_tokens": 512, "enable_prefix_caching": False,
+                                   "kv_cache_memory_bytes": 1024})
+    assert text.splitlines() == ["model: /m", "max-num-batched-tokens: 512", "enable-prefix-caching: false",
+                                 "kv-cache-memory-bytes: 1024"]
+
+
+def _tell(study, value=None, preemptions=0, failed=False):
+    trial = study.ask()
+    params = suggest(trial, SPACE) if trial.user_attrs.get("role") != "default" else {}
+    out = {"status": "failed" if failed else "ok", "preemptions": preemptions,
+           "failure": {"kind": "oom"} if failed else None}
+    trial.set_user_attr("outcome", out)
+    if failed:
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
+    return params
+
+
+SPACE = build_space(CPU, 1000)
+
+
+def test_seed_strategy_walks_the_chunk_ladder_and_stops_at_preemptions():
+    strategy = SeedStrategy(SPACE, budget=10, seed=0, constrained=False)
+    study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
+    study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    _tell(study, 5.0)
+    assert strategy.plan_next(study)
+    first = _tell(study, 6.0)
+    assert first == {"max_model_len": 1008, "enable_chunked_prefill": True, "max_num_batched_tokens": 128}
+    strategy.plan_next(study)
+    second = _tell(study, 7.0, preemptions=3)  # the ladder stops here
+    assert second["max_num_batched_tokens"] == 256
+    strategy.plan_next(study)
+    third = _tell(study, 4.0)  # next ladder (whole prompts), on top of the best so far (256)
+    assert third["enable_chunked_prefill"] is False and third["max_num_batched_tokens"] == 1008
+
+
+def test_seed_strategy_tries_enforce_eager_only_after_an_oom():
+    strategy = SeedStrategy(SPACE, budget=50, seed=0, constrained=False)
+    study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
+    study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    _tell(study, 5.0)
+    configs = []
+    while strategy.plan_next(study) and len(configs) < 40:
+        configs.append(_tell(study, failed=True))
+    assert configs and not any("enforce_eager" in c for c in configs[:-1])
+    assert configs[-1].get("enforce_eager") is True
+
+
+@pytest.mark.parametrize("name", ["optuna", "grid"])
+def test_sampler_strategies_sample_every_knob(name):
+    strategy = make_strategy(name, SPACE, budget=6, seed=1, constrained=False)
+    study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
+    for value in range(4):
+        assert strategy.plan_next(study)
+        config = _tell(study, float(value))
+        assert set(config) == {"max_model_len"} | {k.name for k in SPACE.knobs}
+    with pytest.raises(ValueError, match="unknown strategy"):
+        make_strategy("annealing", SPACE, 6, 0, False)
