@@ -8,7 +8,7 @@ D = 0 a whole response is written at once; otherwise every open stream advances 
 D ms tick, like an engine's decode step. Faults are asked for in the prompt: `fake:status=500`
 answers that status, `fake:close_after=K` aborts the connection after K tokens,
 `fake:error_after=K` ends the stream after K tokens with vLLM's mid-stream error event.
-`GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
+`GET /v1/models` lists the model `fake`; `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class FakeServer:
         if method == b"GET" and path == b"/stats":
             transport.write(_response(200, "OK", {"requests": self.requests, "peak_concurrency": self.peak}))
             self.peak = self.in_flight
+            return
+        if method == b"GET" and path == b"/v1/models":
+            transport.write(_response(200, "OK", {"object": "list", "data": [{"id": "fake", "object": "model"}]}))
             return
         endpoint = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}.get(path)
         if method != b"POST" or endpoint is None:

@@ -1,5 +1,6 @@
 """The `servetune` command line: bench, tune, report, memory, model, demo."""
 
+import json
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -12,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from servetune import __version__
-from servetune.jsonio import write_json
+from servetune.jsonio import jsonable, write_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest vLLM configuration for a model, workload and latency target.")
@@ -317,9 +318,42 @@ def demo(
     model = write_tiny_model(out / "tiny-llama")
     console.print(f"wrote the tiny model to {model}")
     with one_line_errors():
-        opts = _tune_options(str(model.resolve()), DEMO_WORKLOAD, out, ["tpot_p99_ms=40"], "goodput", "optuna",
-                             budget, None, resume, [], [], None, 10.0, 150, 40, 5, 0)
+        opts = _tune_options(str(model.resolve()), DEMO_WORKLOAD, out, ["tpot_p99_ms=25"], "goodput", "optuna",
+                             budget, None, resume, [], [], None, 6.0, 150, 30, 4, 0)
     _tune_guarded(opts)
+
+
+@app.command()
+def memory(
+    model: Annotated[str, typer.Option(help="Model directory or its config.json.")],
+    device_memory_gib: Annotated[float, typer.Option(help="Device memory (GiB); on CPU, the machine's RAM.")],
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option()] = None,
+    max_model_len: Annotated[Optional[int], typer.Option()] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option()] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option()] = None,
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager")] = False,
+    cpu_kvcache_space_gib: Annotated[Optional[float], typer.Option(help="CPU: the KV cache size (GiB).")] = None,
+    device_name: Annotated[str, typer.Option(help="GPU name, e.g. H200 (vLLM's defaults depend on it).")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Predict, without launching, whether a config fits and how many KV-cache tokens it gets."""
+    from servetune.memory import memory_report
+
+    kind = "cpu" if cpu_kvcache_space_gib is not None else "gpu"
+    with one_line_errors():
+        try:
+            report = memory_report(model, device_memory_gib, device_kind=kind, device_name=device_name,
+                                   gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                   max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                   enforce_eager=enforce_eager or None, cpu_kvcache_space_gib=cpu_kvcache_space_gib)
+        except (OSError, KeyError, json.JSONDecodeError) as e:
+            raise UsageError(f"{model}: cannot read the model config: {e}") from None
+    if as_json:
+        print(json.dumps(jsonable(report), indent=2))
+        return
+    verdict = "fits" if report["fits"] else f"does not fit: {report['reason']}"
+    console.print(f"{report['kv_cache_tokens']:,} KV-cache tokens, max concurrency "
+                  f"{report['max_concurrency']:.2f}x; {verdict}", highlight=False)
 
 
 def main() -> None:

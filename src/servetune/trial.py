@@ -113,6 +113,8 @@ def _measure(plan, engine, out_dir, outcome, on_level, on_record) -> None:
     def level(name: str, rate: float, warmup: int = 0) -> dict:
         requests = plan.level_sets[len(outcome["levels"]) % len(plan.level_sets)]
         n = level_size(plan, rate, len(requests) - warmup)
+        if name == "capacity" and plan.objective == "goodput":  # only an upper bound for the rate search
+            n = min(n, 3 * plan.min_level_requests)
         if on_level:
             on_level(name, rate, n + warmup)
         _reset_prefix_cache(engine.base_url)

@@ -15,8 +15,9 @@ from servetune import __version__
 from servetune.engine import probe, serve_command
 from servetune.jsonio import write_json
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
+from servetune.search.feasibility import MemoryCheck
 from servetune.search.objective import SLO_METRICS
-from servetune.search.space import build_space
+from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import make_strategy, suggest
 from servetune.study import default_storage, measured, open_study, outcome, trial_dir
 from servetune.trial import TrialPlan, run_trial
@@ -69,6 +70,10 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
     if opts.workload.endpoint == "chat":
         longest += 64  # room for the chat template's tokens
     space = build_space(vllm, longest, optional=opts.optional_knobs, fixed=opts.engine_args)
+    memory = MemoryCheck.for_model(opts.model, vllm)
+    if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
+        space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
+                            space.max_model_len)
     meta = {"model": opts.model, "workload": opts.workload.model_dump(mode="json"), "slo": opts.slo,
             "objective": opts.objective, "strategy": opts.strategy, "budget": opts.budget,
             "space": space.to_dict(), "user_engine_args": opts.engine_args, "servetune_version": __version__,
@@ -77,6 +82,8 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
                              constrained=opts.objective == "throughput" and bool(opts.slo))
     opts.out.mkdir(parents=True, exist_ok=True)
     study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
+    if memory is not None and _launches(study):  # resumed: refit on the launches already made
+        memory.observe(_launches(study))
     if not any(t.user_attrs.get("role") == "default" for t in study.get_trials(deepcopy=False)):
         study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
     plan = TrialPlan(opts.model, opts.workload, opts.slo, opts.objective, sets, opts.level_seconds,
@@ -90,6 +97,11 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
         default = trial.user_attrs.get("role") == "default"
         config = dict(opts.engine_args) if default else suggest(trial, space)
         reason = None if default else space.violation(config)
+        if memory is not None and not default and reason is None:
+            if not vllm.on_cpu and "gpu_memory_utilization" not in config:
+                config["gpu_memory_utilization"] = memory.gpu_memory_utilization(config)
+            misfit = memory.misfit(config) if config.get("gpu_memory_utilization", 1) else "no utilization fits"
+            reason = f"predicted not to start: {misfit}" if misfit else None
         twin = None if default else _measured_twin(study, trial, config)
         if reason is not None or twin is not None:
             skipped += 1
@@ -103,6 +115,8 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
         out["artifacts"] = str(trial_dir(opts.out, trial.number))
         trial.set_user_attr("outcome", out)
         trial.set_user_attr("config_requested", config)
+        if memory is not None and (out.get("startup") or {}).get("kv_cache_tokens"):
+            study.set_user_attr("calibration", memory.observe(_launches(study)).model_dump())
         if out["status"] == "ok":
             trial.set_user_attr("constraints", _constraints(out, opts.slo))
             study.tell(trial, _value(out, opts.objective))
@@ -110,6 +124,12 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
             study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
         hooks.trial_finished(trial.number, out)
     return write_outputs(study, opts.out)
+
+
+def _launches(study: optuna.Study) -> list[tuple[dict, int]]:
+    """(config as launched, logged KV cache tokens) of every launch that logged one."""
+    return [(outcome(t)["config"], outcome(t)["startup"]["kv_cache_tokens"]) for t in study.get_trials(deepcopy=False)
+            if outcome(t) and (outcome(t).get("startup") or {}).get("kv_cache_tokens")]
 
 
 def _value(out: dict, objective: str) -> float:
@@ -129,7 +149,7 @@ def _measured_twin(study: optuna.Study, trial: optuna.Trial, config: dict) -> Fr
     return None
 
 
-def _row(t: FrozenTrial) -> dict:
+def trial_row(t: FrozenTrial) -> dict:
     out = outcome(t) or {}
     failure = out.get("failure") or {}
     return {
@@ -181,7 +201,7 @@ def vllm_config_yaml(model: str, config: dict) -> str:
 def write_outputs(study: optuna.Study, out: Path) -> dict:
     """best.yaml, best_command.sh, trials.csv and summary.json under `out`; returns the summary."""
     meta = study.user_attrs["meta"]
-    rows = [_row(t) for t in measured(study)]
+    rows = [trial_row(t) for t in measured(study)]
     default, best, significant = choose_best(rows, meta["objective"])
     summary = {
         "objective": meta["objective"], "slo": meta["slo"],

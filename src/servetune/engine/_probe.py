@@ -37,8 +37,13 @@ def main() -> None:
             "default": default,
             "choices": list(action.choices) if action.choices else None,
         }
+    try:
+        memory, name = int(current_platform.get_device_total_memory()), str(current_platform.get_device_name())
+    except Exception:  # not every platform can tell
+        memory, name = None, ""
     json.dump(
-        {"vllm_version": vllm.__version__, "device_type": current_platform.device_type, "flags": flags},
+        {"vllm_version": vllm.__version__, "device_type": current_platform.device_type, "flags": flags,
+         "device_memory_bytes": memory, "device_name": name},
         sys.stdout,
         default=str,
     )

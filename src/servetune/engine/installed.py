@@ -15,11 +15,14 @@ class VllmNotFound(RuntimeError):
 
 @dataclass(frozen=True)
 class InstalledVllm:
-    """The installed vLLM: version, device type ('cpu', 'cuda', ...) and flags by snake_case name."""
+    """The installed vLLM: version, device type ('cpu', 'cuda', ...), flags by snake_case name, and the
+    device's total memory and name as vLLM sees them (None/"" where the platform cannot tell)."""
 
     version: str
     device_type: str
     flags: dict[str, dict[str, Any]]
+    device_memory_bytes: int | None = None
+    device_name: str = ""
 
     @property
     def on_cpu(self) -> bool:
@@ -40,4 +43,5 @@ def probe(python: str = sys.executable) -> InstalledVllm:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise VllmNotFound(f"cannot read vLLM's engine arguments with {python}: {last}")
     data = json.loads(proc.stdout)
-    return InstalledVllm(data["vllm_version"], data["device_type"], data["flags"])
+    return InstalledVllm(data["vllm_version"], data["device_type"], data["flags"],
+                         data.get("device_memory_bytes"), data.get("device_name", ""))

@@ -26,12 +26,29 @@ def value_of(t: FrozenTrial) -> float:
     return t.value if t.state == TrialState.COMPLETE and t.value is not None else float("-inf")
 
 
+# The procedure's first rung, as a whole config: chunked prefill at a small chunk, the rest as vLLM has it.
+ANCHOR = {"enable_chunked_prefill": True, "max_num_batched_tokens": 512, "enable_prefix_caching": True,
+          "max_num_seqs": 128, "enforce_eager": False, "cpu_kvcache_space_gib": 1, "gpu_memory_utilization": 0.9}
+
+
 class OptunaStrategy:
-    """TPE (multivariate, constant liar) over the categorical knobs; with SLO constraints when the
-    objective is plain throughput, via `constraints_func` reading the trial's `constraints` attribute."""
+    """TPE (multivariate, constant liar) over the categorical knobs, warm-started with one anchor config
+    (the procedure's first rung, ANCHOR); with SLO constraints when the objective is plain throughput,
+    via `constraints_func` reading the trial's `constraints` attribute."""
 
     def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool):
         self.space, self.budget, self.seed, self.constrained = space, budget, seed, constrained
+
+    def anchor(self) -> dict[str, Any]:
+        """ANCHOR's value for each knob, or the nearest value the knob offers."""
+        params = {}
+        for knob in self.space.knobs:
+            want = ANCHOR.get(knob.name, knob.choices[0])
+            if want in knob.choices or not isinstance(want, (int, float)) or isinstance(want, bool):
+                params[knob.name] = want if want in knob.choices else knob.choices[0]
+            else:
+                params[knob.name] = min(knob.choices, key=lambda v: abs(v - want))
+        return params
 
     def sampler(self) -> optuna.samplers.BaseSampler:
         return optuna.samplers.TPESampler(
@@ -41,6 +58,9 @@ class OptunaStrategy:
         )
 
     def plan_next(self, study: optuna.Study) -> bool:
+        if not any(t.user_attrs.get("role") == "anchor" for t in study.get_trials(deepcopy=False)):
+            anchor = self.anchor()
+            study.enqueue_trial(anchor, user_attrs={"role": "anchor", "planned": anchor})
         return True
 
 
@@ -50,6 +70,9 @@ class GridStrategy(OptunaStrategy):
     def sampler(self) -> optuna.samplers.BaseSampler:
         grid = {k.name: list(k.choices) for k in self.space.knobs}
         return optuna.samplers.GridSampler(grid, seed=self.seed)
+
+    def plan_next(self, study: optuna.Study) -> bool:
+        return True
 
 
 class SeedStrategy:

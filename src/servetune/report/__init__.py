@@ -1,0 +1,39 @@
+"""`servetune report`: why a config wins, from a finished study. Reads the study and nothing else."""
+
+from pathlib import Path
+
+from servetune.report import charts
+from servetune.report.data import importances, load_study, rows, unmeasured, write_levels_csv, write_trials_json
+from servetune.report.page import render
+from servetune.tune import write_outputs
+
+__all__ = ["write_report"]
+
+
+def write_report(storage: str, out: Path) -> Path:
+    """Write into `out` a self-contained report.html, its charts as PNGs, trials.json (every trial's full
+    outcome), levels.csv (one row per load level) and tune's outputs (summary.json, trials.csv, best.yaml,
+    best_command.sh). Returns the page's path."""
+    study = load_study(storage)
+    meta = study.user_attrs["meta"]
+    out.mkdir(parents=True, exist_ok=True)
+    summary = write_outputs(study, out)
+    trial_rows = rows(study)
+    write_trials_json(study, out / "trials.json")
+    write_levels_csv(trial_rows, out / "levels.csv")
+    default = (summary["default"] or {}).get("trial")
+    best = (summary["best"] or {}).get("trial")
+    importance, note = importances(study)
+    figures = {
+        "pareto": charts.pareto(trial_rows, default, best, meta["objective"], meta["slo"]),
+        "load": charts.load_curves(trial_rows, default, best, meta["slo"]),
+        "effects": charts.param_effects(trial_rows, meta["space"]["knobs"], default, best, meta["objective"],
+                                        importance),
+        "importance": charts.importance_bars(importance) if importance else None,
+    }
+    images = {name: charts.save(fig, out / f"{name}.png") for name, fig in figures.items() if fig is not None}
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "report.html")
+    page = out / "report.html"
+    page.write_text(render(meta, summary, trial_rows, unmeasured(study), images, importance, note,
+                           ["report.html", *files]))
+    return page

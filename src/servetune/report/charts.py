@@ -1,0 +1,209 @@
+"""The report's charts as matplotlib figures (no pyplot: no global state, no display needed).
+
+Every chart marks vLLM's default config and the recommended one the same way: a grey square and a green star.
+"""
+
+import math
+from pathlib import Path
+
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
+LATENCIES = (("p99_ttft_ms", "ttft_p99_ms", "p99 TTFT (ms)"), ("p99_tpot_ms", "tpot_p99_ms", "p99 TPOT (ms)"))
+STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,
+         "axes.spines.right": False, "axes.grid": True, "grid.color": "#e5e7eb", "grid.linewidth": 0.8,
+         "legend.frameon": False, "savefig.dpi": 120}
+
+
+def value_label(objective: str) -> str:
+    return "goodput (req/s within SLOs)" if objective == "goodput" else "throughput (req/s)"
+
+
+def pareto_front(points: list[dict], latency: str) -> list[dict]:
+    """The points no other beats on both objective value (higher) and `latency` (lower), by latency."""
+    front: list[dict] = []
+    for p in sorted(points, key=lambda p: (p[latency], -p["value"])):
+        if not front or p["value"] > front[-1]["value"]:
+            front.append(p)
+    return front
+
+
+def pareto(rows: list[dict], default: int | None, best: int | None, objective: str, slo: dict) -> Figure | None:
+    """Objective value against p99 TTFT and p99 TPOT for every measured trial; the front as a staircase.
+    None when no trial has a value."""
+    if all(r["value"] is None for r in rows):
+        return None
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(11, 4.2), layout="constrained")
+        axes = fig.subplots(1, 2, sharey=True)
+        for ax, (latency, slo_key, label) in zip(axes, LATENCIES):
+            points = [r for r in rows if r["value"] is not None and r[latency] is not None]
+            front = pareto_front(points, latency)
+            ax.scatter([p[latency] for p in points], [p["value"] for p in points], s=36, color=OTHER,
+                       edgecolor="#3b82f6", linewidth=0.6, zorder=2, label="measured config")
+            ax.plot([p[latency] for p in front], [p["value"] for p in front], drawstyle="steps-post", color=FRONT,
+                    linewidth=2, marker="o", markersize=7, zorder=3, label="Pareto front")
+            for p in front:
+                ax.annotate(f"#{p['trial']}", (p[latency], p["value"]), xytext=(5, -11), textcoords="offset points",
+                            fontsize=8, color="#92400e")
+            _mark(ax, points, default, best, latency)
+            if slo_key in slo:
+                ax.axvline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2, label=f"SLO {slo[slo_key]:g} ms")
+            _log_if_wide(ax, [p[latency] for p in points], "x")
+            ax.set_xlabel(label + ", at the highest passing rate")
+            ax.set_title(f"{value_label(objective).split(' (')[0]} vs {label.split(' (')[0]}")
+            ax.margins(x=0.08, y=0.12)
+        axes[0].set_ylabel(value_label(objective))
+        axes[0].set_ylim(bottom=0)
+        axes[1].legend(loc="lower right", fontsize=9)
+    return fig
+
+
+def _mark(ax, points: list[dict], default: int | None, best: int | None, latency: str) -> None:
+    for p in points:
+        if p["trial"] == default:
+            text = "default = recommended" if best == default else "vLLM default"
+            ax.scatter(p[latency], p["value"], s=120, marker="s", facecolor="none", edgecolor=DEFAULT, linewidth=2,
+                       zorder=4)
+            ax.annotate(f"{text} (#{p['trial']})", (p[latency], p["value"]), xytext=(10, -16),
+                        textcoords="offset points", fontsize=9, color="#374151", fontweight="bold")
+        elif p["trial"] == best:
+            ax.scatter(p[latency], p["value"], s=260, marker="*", color=BEST, edgecolor="white", zorder=5)
+            ax.annotate(f"recommended (#{p['trial']})", (p[latency], p["value"]), xytext=(10, 6),
+                        textcoords="offset points", fontsize=9, color=BEST, fontweight="bold")
+
+
+def _log_if_wide(ax, values: list[float], axis: str) -> None:
+    positive = [v for v in values if v and v > 0]
+    if positive and max(positive) / min(positive) > 30:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+
+
+def load_curves(rows: list[dict], default: int | None, best: int | None, slo: dict) -> Figure | None:
+    """p99 TTFT and TPOT against the offered request rate, one line per config through its load levels.
+    The capacity level (every request at once) sits at the rate it achieved. None without any level."""
+    if not any(_level_points(r, LATENCIES[0][0]) for r in rows):
+        return None
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(11, 4.2), layout="constrained")
+        axes = fig.subplots(1, 2)
+        order = sorted(rows, key=lambda r: (r["trial"] == best, r["trial"] == default))  # highlights on top
+        for ax, (latency, slo_key, label) in zip(axes, LATENCIES):
+            values = []
+            for row in order:
+                levels = sorted(_level_points(row, latency), key=lambda p: p[0])
+                if not levels:
+                    continue
+                color, width, z = ((BEST, 2.4, 4) if row["trial"] == best else (DEFAULT, 2.2, 3)
+                                   if row["trial"] == default else ("#94a3b8", 1, 2))
+                ax.plot([p[0] for p in levels], [p[1] for p in levels], color=color, linewidth=width, zorder=z,
+                        alpha=1 if z > 2 else 0.6)
+                for x, y, passed, capacity in levels:
+                    ax.scatter(x, y, s=55 if capacity else 30, marker="D" if capacity else "o", zorder=z,
+                               facecolor=color if passed else "white", edgecolor=color, linewidth=1.4)
+                values += [p[1] for p in levels]
+            if slo_key in slo:
+                ax.axhline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2)
+                ax.annotate(f"SLO {slo[slo_key]:g} ms", (0.01, slo[slo_key]), xycoords=("axes fraction", "data"),
+                            xytext=(0, 4), textcoords="offset points", color=SLO, fontsize=9)
+            _log_if_wide(ax, values, "y")
+            ax.set_xlabel("offered request rate (req/s)")
+            ax.set_ylabel(label)
+            ax.set_title(f"{label.split(' (')[0]} under load")
+            ax.set_xlim(left=0)
+        axes[1].legend(handles=_load_legend(default, best), loc="upper left", fontsize=9)
+    return fig
+
+
+def _level_points(row: dict, latency: str) -> list[tuple[float, float, bool, bool]]:
+    points = []
+    for level in row["levels"]:
+        metrics = level.get("metrics") or {}
+        capacity = not math.isfinite(level["rate"])
+        x = metrics.get("request_throughput") if capacity else level["rate"]
+        if x is not None and metrics.get(latency) is not None:
+            points.append((x, metrics[latency], bool(level["passed"]), capacity))
+    return points
+
+
+def _load_legend(default: int | None, best: int | None) -> list[Line2D]:
+    handles = []
+    if best is not None and best != default:
+        handles.append(Line2D([], [], color=BEST, linewidth=2.4, label=f"recommended (#{best})"))
+    if default is not None:
+        handles.append(Line2D([], [], color=DEFAULT, linewidth=2.2, label=f"vLLM default (#{default})"))
+    return handles + [
+        Line2D([], [], color="#94a3b8", linewidth=1, label="other configs"),
+        Line2D([], [], color="#475569", marker="o", linestyle="", label="met the SLOs"),
+        Line2D([], [], color="#475569", marker="o", markerfacecolor="white", linestyle="", label="missed them"),
+        Line2D([], [], color="#475569", marker="D", linestyle="", label="capacity (all at once)"),
+    ]
+
+
+def param_effects(rows: list[dict], knobs: dict[str, list], default: int | None, best: int | None,
+                  objective: str, importance: dict[str, float]) -> Figure | None:
+    """The objective value of every trial against each searched knob's value; failed configs at zero."""
+    names = [k for k in knobs if any(k in r["params"] for r in rows)]
+    if not names:
+        return None
+    default_value = next((r["value"] for r in rows if r["trial"] == default), None)
+    cols = min(3, len(names))
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(11, 3.1 * math.ceil(len(names) / cols)), layout="constrained")
+        axes = fig.subplots(math.ceil(len(names) / cols), cols, squeeze=False).ravel()
+        for ax, name in zip(axes, names):
+            choices = [str(c) for c in knobs[name]]
+            seen: dict[int, int] = {}
+            for row in rows:
+                if name not in row["params"]:
+                    continue
+                x = choices.index(str(row["params"][name]))
+                seen[x] = seen.get(x, 0) + 1
+                x += ((seen[x] % 5) - 2) * 0.06  # spread equal values a little
+                if row["value"] is None:
+                    ax.scatter(x, 0, marker="x", color=FAILED, s=40, zorder=3)
+                elif row["trial"] == best:
+                    ax.scatter(x, row["value"], marker="*", color=BEST, s=200, edgecolor="white", zorder=4)
+                else:
+                    ax.scatter(x, row["value"], color=OTHER, edgecolor="#3b82f6", s=32, zorder=2)
+            if default_value is not None:
+                ax.axhline(default_value, color=DEFAULT, linestyle="--", linewidth=1.2)
+            ax.set_xticks(range(len(choices)), choices, rotation=30 if len(choices) > 5 else 0)
+            ax.set_xlim(-0.5, len(choices) - 0.5)
+            ax.set_ylim(bottom=0)
+            share = f"  ·  importance {importance[name]:.0%}" if name in importance else ""
+            ax.set_title(f"{name}{share}", fontsize=10)
+        for ax in axes[len(names):]:
+            ax.set_visible(False)
+        for ax in axes[::cols]:
+            ax.set_ylabel(value_label(objective).split(" (")[0] + " (req/s)")
+        fig.legend(handles=[
+            Line2D([], [], color=OTHER, marker="o", markeredgecolor="#3b82f6", linestyle="", label="trial"),
+            Line2D([], [], color=BEST, marker="*", markersize=12, linestyle="", label="recommended"),
+            Line2D([], [], color=FAILED, marker="x", linestyle="", label="failed"),
+            Line2D([], [], color=DEFAULT, linestyle="--", label="vLLM default"),
+        ], loc="outside lower center", ncols=4, fontsize=9)
+    return fig
+
+
+def importance_bars(importance: dict[str, float]) -> Figure:
+    """Optuna's importances as horizontal bars, largest on top."""
+    names = list(importance)[::-1]
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(6, 0.45 * len(names) + 1), layout="constrained")
+        ax = fig.subplots()
+        bars = ax.barh(names, [importance[n] for n in names], color="#3b82f6")
+        ax.bar_label(bars, labels=[f"{importance[n]:.0%}" for n in names], padding=3, fontsize=9)
+        ax.set_xlim(0, max(importance.values(), default=0) * 1.2 or 1)
+        ax.set_xlabel("share of importance")
+        ax.grid(axis="y", visible=False)
+        ax.set_title("What mattered most")
+    return fig
+
+
+def save(fig: Figure, path: Path) -> Path:
+    with matplotlib.rc_context(STYLE):
+        fig.savefig(path, format="png", facecolor="white")
+    return path

@@ -1,0 +1,105 @@
+"""What the report shows, read from a finished study: one row per measured trial, the trials never measured,
+parameter importances, and the JSON/CSV exports."""
+
+import csv
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from servetune.jsonio import jsonable, write_json
+from servetune.study import STUDY_NAME, StudyError, measured, outcome, study_exists
+from servetune.tune import trial_row
+
+MIN_IMPORTANCE_TRIALS = 4  # completed trials with searched params before importances mean anything
+
+
+def load_study(storage: str) -> optuna.Study:
+    """The servetune study in `storage`; StudyError when there is none."""
+    if not study_exists(storage):
+        raise StudyError(f"no servetune study in {storage}")
+    study = optuna.load_study(storage=storage, study_name=STUDY_NAME)
+    if "meta" not in study.user_attrs:
+        raise StudyError(f"the study in {storage} was not written by servetune tune (no meta)")
+    return study
+
+
+def rows(study: optuna.Study) -> list[dict]:
+    """`tune.trial_row` of every measured trial, plus its searched params, load levels and failure log."""
+    result = []
+    for t in measured(study):
+        out = outcome(t)
+        result.append(trial_row(t) | {"params": t.params, "levels": out.get("levels") or [],
+                                      "log_path": (out.get("failure") or {}).get("log_path")})
+    return result
+
+
+def unmeasured(study: optuna.Study) -> list[dict]:
+    """Trials that never ran a server: skipped (infeasible or duplicate), interrupted, or still pending."""
+    done = {t.number for t in measured(study)}
+    result = []
+    for t in study.get_trials(deepcopy=False):
+        if t.number in done:
+            continue
+        if "skipped" in t.user_attrs:
+            reason = t.user_attrs["skipped"]
+        elif t.user_attrs.get("interrupted"):
+            reason = "interrupted; queued again"
+        else:
+            reason = t.state.name.lower()
+        result.append({"trial": t.number, "role": t.user_attrs.get("role", "search"), "params": t.params,
+                       "reason": reason})
+    return result
+
+
+def importances(study: optuna.Study) -> tuple[dict[str, float], str | None]:
+    """Optuna's parameter importances for the objective, and a note when they are missing or shaky."""
+    searched = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.params]
+    if len(searched) < MIN_IMPORTANCE_TRIALS:
+        return {}, (f"Parameter importance needs at least {MIN_IMPORTANCE_TRIALS} completed searched trials; "
+                    f"this study has {len(searched)}.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = optuna.importance.get_param_importances(study)
+    notes = sorted({str(w.message) for w in caught if "importance" in str(w.message).lower()})
+    return result, " ".join(notes) or None
+
+
+def write_trials_json(study: optuna.Study, path: Path) -> None:
+    """Every trial: number, state, params, value and all its user attributes (the full outcome)."""
+    trials = [{"trial": t.number, "state": t.state.name, "params": t.params, "value": t.value,
+               **t.user_attrs} for t in study.get_trials(deepcopy=False)]
+    write_json(path, {"meta": study.user_attrs.get("meta"), "trials": trials})
+
+
+def write_levels_csv(trial_rows: list[dict], path: Path) -> None:
+    """One row per load level of every measured trial: its verdict, every metric and the server's counters."""
+    table = []
+    for row in trial_rows:
+        for index, level in enumerate(row["levels"]):
+            entry: dict[str, Any] = {
+                "trial": row["trial"], "role": row["role"], "level": index, "name": level["name"],
+                "rate": level["rate"], "passed": level["passed"], "reasons": "; ".join(level.get("reasons") or []),
+            }
+            entry |= level.get("metrics") or {}
+            entry |= {f"server_{k}": v for k, v in (level.get("server") or {}).items()}
+            entry["records"] = level.get("records")
+            table.append(entry)
+    columns = list(dict.fromkeys(k for entry in table for k in entry)) or ["trial"]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for entry in table:
+            writer.writerow({k: _cell(v) for k, v in entry.items()})
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(jsonable(value))
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value

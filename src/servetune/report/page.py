@@ -1,0 +1,77 @@
+"""The HTML page: one self-contained file (inline CSS, charts as data URIs, no scripts) rendered with Jinja2."""
+
+import base64
+import math
+import shlex
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from servetune.engine.args import to_argv
+from servetune.report.charts import value_label
+from servetune.tune import vllm_config_yaml
+
+TEMPLATE = Path(__file__).with_name("report.html.j2").read_text()
+
+
+def number(value, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def flags(config: dict | None) -> str:
+    return shlex.join(to_argv(config)) if config else "(vLLM defaults)"
+
+
+def data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def verdict(summary: dict, rows: list[dict]) -> str:
+    """One sentence: what to run and why."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    unit = "req/s " + ("goodput" if summary["objective"] == "goodput" else "throughput")
+    default, best = summary["default"], summary["best"]
+    top = max(ok, key=lambda r: r["value"] or 0.0, default=None)
+    if top is None:
+        return f"No config ran to the end: {len(rows)} measured, all failed. The table says why."
+    if default is None:
+        return (f"vLLM's defaults did not run; the best config that did is trial #{top['trial']} "
+                f"({number(top['value'])} {unit}).")
+    if summary["best_beats_default"]:
+        return (f"Trial #{best['trial']} beats vLLM's defaults: {number(_value(best, summary))} vs "
+                f"{number(_value(default, summary))} {unit} ({summary['gain']:+.0%}), beyond the measured resolution.")
+    if top["trial"] == default["trial"]:
+        return f"No config beat vLLM's defaults ({number(_value(default, summary))} {unit}): keep them."
+    return (f"No config beat vLLM's defaults beyond the measured resolution: the highest, trial #{top['trial']}, "
+            f"measured {number(top['value'])} vs {number(_value(default, summary))} {unit}. Keep the defaults.")
+
+
+def _value(entry: dict, summary: dict) -> float | None:
+    return entry["goodput_rate"] if summary["objective"] == "goodput" else entry["request_throughput"]
+
+
+def render(meta: dict, summary: dict, rows: list[dict], unmeasured: list[dict], images: dict[str, Path],
+           importance: dict[str, float], importance_note: str | None, files: list[str]) -> str:
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters |= {"num": number, "flags": flags, "pairs": lambda p: " ".join(f"{k}={v}" for k, v in p.items()), "pct": lambda v: "–" if v is None else f"{v:+.0%}"}
+    best = summary["best"]
+    return env.from_string(TEMPLATE).render(
+        meta=meta, summary=summary, rows=rows, unmeasured=unmeasured, importance=importance,
+        importance_note=importance_note, files=files, verdict=verdict(summary, rows),
+        value_label=value_label(meta["objective"]),
+        images={name: data_uri(path) for name, path in images.items()},
+        default_trial=(summary["default"] or {}).get("trial"), best_trial=(best or {}).get("trial"),
+        best_yaml=_best_yaml(meta, best), workload=yaml.safe_dump(meta["workload"], sort_keys=False),
+    )
+
+
+def _best_yaml(meta: dict, best: dict | None) -> str | None:
+    return vllm_config_yaml(meta["model"], best["config"]) if best else None

@@ -1,0 +1,41 @@
+"""Before launching: does a config fit, per servetune's memory model, calibrated on this study's launches."""
+
+from typing import Any
+
+from servetune.engine.installed import InstalledVllm
+from servetune.memory import Calibration, Device, LaunchObservation, ModelShape, calibrate, choose_gpu_memory_utilization, predict
+
+
+class MemoryCheck:
+    """Predicts vLLM's start-up memory plan for a config; each real launch's logged KV size refits it."""
+
+    def __init__(self, shape: ModelShape, device: Device):
+        self.shape, self.device = shape, device
+        self.calibration: Calibration | None = None
+
+    @classmethod
+    def for_model(cls, model: str, vllm: InstalledVllm) -> "MemoryCheck | None":
+        """None when the model's config cannot be read or the device's memory is unknown."""
+        if not vllm.device_memory_bytes:
+            return None
+        try:
+            shape = ModelShape.from_path(model)
+        except (OSError, ValueError, KeyError):
+            return None
+        kind = "cpu" if vllm.on_cpu else "gpu"
+        return cls(shape, Device(vllm.device_memory_bytes, kind=kind, name=vllm.device_name))
+
+    def misfit(self, config: dict[str, Any]) -> str | None:
+        """Why `config` would not start (predicted), or None."""
+        estimate = predict(self.shape, self.device, config, self.calibration)
+        return None if estimate.fits else estimate.reason
+
+    def gpu_memory_utilization(self, config: dict[str, Any]) -> float | None:
+        """The largest utilization that leaves headroom on the GPU, chosen without trial and error."""
+        return choose_gpu_memory_utilization(self.shape, self.device, config, calibration=self.calibration)
+
+    def observe(self, launches: list[tuple[dict[str, Any], int]]) -> Calibration:
+        """Refit on every (config, logged KV cache tokens) launched so far."""
+        observations = [LaunchObservation(config, tokens) for config, tokens in launches]
+        self.calibration = calibrate(self.shape, self.device, observations)
+        return self.calibration
