@@ -17,15 +17,23 @@ os.environ[SESSION_MARK.split("=")[0]] = SESSION_MARK.split("=")[1]  # inherited
 
 
 def vllm_processes() -> list[str]:
-    """Command lines of the vLLM servers, engine cores and guards that this test session started."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    """`pid args` of the vLLM servers, engine cores and guards that this test session started: processes
+    that carry the session's mark in their environment, or descend from one that does (vLLM's engine core
+    renames itself with setproctitle, which overwrites its /proc environ)."""
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+    ours = {int(r[0]) for r in rows if _has_mark(r[0])}
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            if pid in ours:
+                return True
+            pid = parent.get(pid, 1)
+        return False
+
     marks = ("vllm.entrypoints", "VLLM::", "engine/_guard.py")
-    found = []
-    for line in out.splitlines()[1:]:
-        pid = line.split()[0]
-        if any(m in line for m in marks) and _has_mark(pid):
-            found.append(line.strip())
-    return found
+    return [f"{r[0]} {r[2]}" for r in rows if len(r) == 3 and any(m in r[2] for m in marks) and descends(int(r[0]))]
 
 
 def _has_mark(pid: str) -> bool:

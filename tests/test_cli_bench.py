@@ -53,17 +53,19 @@ def test_bench_launch_and_a_server_crash_mid_run(tiny_model, tmp_path):
     proc = subprocess.Popen([*SERVETUNE, "bench", "--launch", "--model", str(tiny_model), "--engine-arg",
                              "max-num-seqs=8", "--input-len", "32", "--output-len", "256", "--num-prompts", "400",
                              "--request-rate", "4", "--json", str(out)], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list(tmp_path.glob("*.server.log")):
-        time.sleep(1)
-    log = tmp_path / "crash.server.log"
-    while time.monotonic() < deadline and "POST /v1/completions" not in log.read_text(errors="replace"):
-        time.sleep(1)
-    time.sleep(3)
-    cores = [int(p.split()[0]) for p in set(vllm_processes()) - before if "VLLM::EngineCore" in p]
-    assert cores, "no engine core found"
-    os.kill(cores[0], signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=300)
+    try:
+        log = tmp_path / "crash.server.log"
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and "POST /v1/completions" not in (
+                log.read_text(errors="replace") if log.exists() else ""):
+            time.sleep(1)
+        time.sleep(3)
+        cores = [int(p.split()[0]) for p in set(vllm_processes()) - before if "VLLM::EngineCore" in p]
+        assert cores, "no engine core found"
+        os.kill(cores[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
     assert proc.returncode == 1, stderr
     assert "requests failed" in stderr.splitlines()[-1] or "unusable" in stderr
     result = json.loads(out.read_text())

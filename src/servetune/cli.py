@@ -271,6 +271,8 @@ def tune(
     study: Annotated[Optional[str], typer.Option(help="Optuna storage URL; default sqlite in OUT.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the study in OUT (or --study).")] = False,
     engine_arg: EngineArgOption = [],
+    reference_config: Annotated[list[Path], typer.Option(
+        help="A vLLM config YAML to measure as it is, beside the search (repeatable).")] = [],
     knob: Annotated[list[str], typer.Option(help="Optional knob to search too: block_size, kv_cache_dtype, cudagraph_capture, tensor_parallel_size.")] = [],
     tokenizer: Annotated[Optional[str], typer.Option()] = None,
     level_seconds: Annotated[float, typer.Option(help="Target length of a load level.")] = 30.0,
@@ -282,12 +284,13 @@ def tune(
     """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
     with one_line_errors():
         opts = _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg,
-                             knob, tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed)
+                             knob, tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed,
+                             reference_config)
     _tune_guarded(opts)
 
 
 def _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg, knob,
-                  tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed):
+                  tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed, references=()):
     from servetune.engine.args import parse_pairs
     from servetune.search.objective import parse_slo
     from servetune.search.strategies import STRATEGIES
@@ -300,7 +303,21 @@ def _tune_options(model, workload, out, slo, objective, strategy, budget, study,
         model=model, workload=load_workload(workload), out=out, slo=parse_slo(parse_pairs(slo)), objective=objective,
         strategy=strategy, budget=budget, storage=study, resume=resume, engine_args=parse_pairs(engine_arg),
         optional_knobs=tuple(knob), tokenizer=tokenizer, level_seconds=level_seconds, level_requests=level_requests,
-        min_level_requests=min_level_requests, max_levels=max_levels, seed=seed)
+        min_level_requests=min_level_requests, max_levels=max_levels, seed=seed,
+        references=[read_config_yaml(path) for path in references])
+
+
+def read_config_yaml(path: Path) -> dict:
+    """Engine args from a `vllm serve --config` YAML file (its `model` key is ignored)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(f"{path}: cannot read the config: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a vLLM config file is a mapping of flag names to values")
+    return {k.replace("-", "_"): v for k, v in data.items() if k != "model"}
 
 
 DEMO_WORKLOAD = Path(__file__).parent / "demo_workload.yaml"

@@ -58,7 +58,8 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         study.tell(t.number, state=TrialState.FAIL)
-        study.enqueue_trial(t.params, user_attrs={k: v for k, v in t.user_attrs.items() if k == "role"},
+        kept = {k: v for k, v in t.user_attrs.items() if k in ("role", "ladder", "reference")}
+        study.enqueue_trial(t.params, user_attrs=kept | {"planned": t.user_attrs.get("planned", t.params)},
                             skip_if_exists=False)
         again.append(t.number)
     return again

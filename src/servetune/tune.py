@@ -38,6 +38,7 @@ class TuneOptions:
     storage: str | None = None
     resume: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
+    references: list[dict[str, Any]] = field(default_factory=list)  # configs to measure as they are
     optional_knobs: tuple[str, ...] = ()
     tokenizer: str | None = None
     level_seconds: float = 30.0
@@ -84,8 +85,12 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
     study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
     if memory is not None and _launches(study):  # resumed: refit on the launches already made
         memory.observe(_launches(study))
-    if not any(t.user_attrs.get("role") == "default" for t in study.get_trials(deepcopy=False)):
+    roles = [t.user_attrs.get("role") for t in study.get_trials(deepcopy=False)]
+    if "default" not in roles:
         study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    for i, reference in enumerate(opts.references):
+        if f"reference-{i}" not in roles:
+            study.enqueue_trial({}, user_attrs={"role": f"reference-{i}", "planned": {}, "reference": reference})
     plan = TrialPlan(opts.model, opts.workload, opts.slo, opts.objective, sets, opts.level_seconds,
                      opts.min_level_requests, max_levels=opts.max_levels)
     skipped = 0
@@ -95,7 +100,12 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
             break
         trial = study.ask()
         default = trial.user_attrs.get("role") == "default"
-        config = dict(opts.engine_args) if default else suggest(trial, space)
+        reference = trial.user_attrs.get("reference")
+        if reference is not None:
+            config = {**opts.engine_args, **reference}
+        else:
+            config = dict(opts.engine_args) if default else suggest(trial, space)
+        default = default or reference is not None  # measured as given: no constraint or memory choices
         reason = None if default else space.violation(config)
         if memory is not None and not default and reason is None:
             if not vllm.on_cpu and "gpu_memory_utilization" not in config:

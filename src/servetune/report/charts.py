@@ -7,8 +7,10 @@ import math
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import PercentFormatter
 
 DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
 LATENCIES = (("p99_ttft_ms", "ttft_p99_ms", "p99 TTFT (ms)"), ("p99_tpot_ms", "tpot_p99_ms", "p99 TPOT (ms)"))
@@ -46,6 +48,8 @@ def pareto(rows: list[dict], default: int | None, best: int | None, objective: s
             ax.plot([p[latency] for p in front], [p["value"] for p in front], drawstyle="steps-post", color=FRONT,
                     linewidth=2, marker="o", markersize=7, zorder=3, label="Pareto front")
             for p in front:
+                if p["trial"] in (default, best):
+                    continue  # labelled by _mark
                 ax.annotate(f"#{p['trial']}", (p[latency], p["value"]), xytext=(5, -11), textcoords="offset points",
                             fontsize=8, color="#92400e")
             _mark(ax, points, default, best, latency)
@@ -54,10 +58,11 @@ def pareto(rows: list[dict], default: int | None, best: int | None, objective: s
             _log_if_wide(ax, [p[latency] for p in points], "x")
             ax.set_xlabel(label + ", at the highest passing rate")
             ax.set_title(f"{value_label(objective).split(' (')[0]} vs {label.split(' (')[0]}")
-            ax.margins(x=0.08, y=0.12)
+            ax.margins(x=0.1)
         axes[0].set_ylabel(value_label(objective))
-        axes[0].set_ylim(bottom=0)
-        axes[1].legend(loc="lower right", fontsize=9)
+        axes[0].set_ylim(0, 1.15 * max(r["value"] for r in rows if r["value"] is not None) or 1)
+        handles, labels = axes[1].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=9)
     return fig
 
 
@@ -133,7 +138,8 @@ def _load_legend(default: int | None, best: int | None) -> list[Line2D]:
     if best is not None and best != default:
         handles.append(Line2D([], [], color=BEST, linewidth=2.4, label=f"recommended (#{best})"))
     if default is not None:
-        handles.append(Line2D([], [], color=DEFAULT, linewidth=2.2, label=f"vLLM default (#{default})"))
+        handles.append(Line2D([], [], color=BEST if best == default else DEFAULT, linewidth=2.2,
+                              label=f"vLLM default{', recommended' if best == default else ''} (#{default})"))
     return handles + [
         Line2D([], [], color="#94a3b8", linewidth=1, label="other configs"),
         Line2D([], [], color="#475569", marker="o", linestyle="", label="met the SLOs"),
@@ -149,25 +155,19 @@ def param_effects(rows: list[dict], knobs: dict[str, list], default: int | None,
     if not names:
         return None
     default_value = next((r["value"] for r in rows if r["trial"] == default), None)
-    cols = min(3, len(names))
+    cols = 2 if len(names) in (2, 4) else min(3, len(names))
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(11, 3.1 * math.ceil(len(names) / cols)), layout="constrained")
         axes = fig.subplots(math.ceil(len(names) / cols), cols, squeeze=False).ravel()
         for ax, name in zip(axes, names):
             choices = [str(c) for c in knobs[name]]
-            seen: dict[int, int] = {}
+            groups: dict[int, list[dict]] = {}
             for row in rows:
-                if name not in row["params"]:
-                    continue
-                x = choices.index(str(row["params"][name]))
-                seen[x] = seen.get(x, 0) + 1
-                x += ((seen[x] % 5) - 2) * 0.06  # spread equal values a little
-                if row["value"] is None:
-                    ax.scatter(x, 0, marker="x", color=FAILED, s=40, zorder=3)
-                elif row["trial"] == best:
-                    ax.scatter(x, row["value"], marker="*", color=BEST, s=200, edgecolor="white", zorder=4)
-                else:
-                    ax.scatter(x, row["value"], color=OTHER, edgecolor="#3b82f6", s=32, zorder=2)
+                if name in row["params"]:
+                    groups.setdefault(choices.index(str(row["params"][name])), []).append(row)
+            for x, group in groups.items():
+                for dx, row in zip(np.linspace(-0.15, 0.15, len(group)) if len(group) > 1 else [0.0], group):
+                    _effect_point(ax, x + dx, row, best)
             if default_value is not None:
                 ax.axhline(default_value, color=DEFAULT, linestyle="--", linewidth=1.2)
             ax.set_xticks(range(len(choices)), choices, rotation=30 if len(choices) > 5 else 0)
@@ -188,6 +188,15 @@ def param_effects(rows: list[dict], knobs: dict[str, list], default: int | None,
     return fig
 
 
+def _effect_point(ax, x: float, row: dict, best: int | None) -> None:
+    if row["value"] is None:
+        ax.scatter(x, 0, marker="x", color=FAILED, s=40, zorder=3, clip_on=False)
+    elif row["trial"] == best:
+        ax.scatter(x, row["value"], marker="*", color=BEST, s=200, edgecolor="white", zorder=4, clip_on=False)
+    else:
+        ax.scatter(x, row["value"], color=OTHER, edgecolor="#3b82f6", s=32, zorder=2, clip_on=False)
+
+
 def importance_bars(importance: dict[str, float]) -> Figure:
     """Optuna's importances as horizontal bars, largest on top."""
     names = list(importance)[::-1]
@@ -197,6 +206,7 @@ def importance_bars(importance: dict[str, float]) -> Figure:
         bars = ax.barh(names, [importance[n] for n in names], color="#3b82f6")
         ax.bar_label(bars, labels=[f"{importance[n]:.0%}" for n in names], padding=3, fontsize=9)
         ax.set_xlim(0, max(importance.values(), default=0) * 1.2 or 1)
+        ax.xaxis.set_major_formatter(PercentFormatter(1.0))
         ax.set_xlabel("share of importance")
         ax.grid(axis="y", visible=False)
         ax.set_title("What mattered most")

@@ -65,8 +65,9 @@ def importances(study: optuna.Study) -> tuple[dict[str, float], str | None]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = optuna.importance.get_param_importances(study)
-    notes = sorted({str(w.message) for w in caught if "importance" in str(w.message).lower()})
-    return result, " ".join(notes) or None
+    shaky = [str(w.message) for w in caught if "importance" in str(w.message).lower()]
+    return result, (f"Estimated from {len(searched)} completed trials; Optuna warns that it may be inaccurate "
+                    f"({shaky[0]}).") if shaky else None
 
 
 def write_trials_json(study: optuna.Study, path: Path) -> None:

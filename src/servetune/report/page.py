@@ -25,8 +25,15 @@ def number(value, digits: int = 2) -> str:
     return f"{value:,}"
 
 
-def flags(config: dict | None) -> str:
-    return shlex.join(to_argv(config)) if config else "(vLLM defaults)"
+def flags(config: dict | None) -> list[str]:
+    """vLLM flags with their values, one string per flag."""
+    groups: list[str] = []
+    for arg in to_argv(config or {}):
+        if arg.startswith("--") or not groups:
+            groups.append(arg)
+        else:
+            groups[-1] += " " + shlex.quote(arg)
+    return groups or ["(vLLM defaults)"]
 
 
 def data_uri(path: Path) -> str:
@@ -61,7 +68,8 @@ def render(meta: dict, summary: dict, rows: list[dict], unmeasured: list[dict], 
            importance: dict[str, float], importance_note: str | None, files: list[str]) -> str:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
-    env.filters |= {"num": number, "flags": flags, "pairs": lambda p: " ".join(f"{k}={v}" for k, v in p.items()), "pct": lambda v: "–" if v is None else f"{v:+.0%}"}
+    env.filters |= {"num": number, "flags": flags, "pct": lambda v: "–" if v is None else f"{v:+.0%}",
+                    "pairs": lambda params: " ".join(f"{k}={v}" for k, v in params.items())}
     best = summary["best"]
     return env.from_string(TEMPLATE).render(
         meta=meta, summary=summary, rows=rows, unmeasured=unmeasured, importance=importance,
