@@ -31,6 +31,9 @@ def write_report(storage: str, out: Path) -> Path:
                                         importance),
         "importance": charts.importance_bars(importance) if importance else None,
     }
+    for name, fig in figures.items():
+        if fig is None:
+            (out / f"{name}.png").unlink(missing_ok=True)  # from an earlier report of this study
     images = {name: charts.save(fig, out / f"{name}.png") for name, fig in figures.items() if fig is not None}
     files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "report.html")
     page = out / "report.html"

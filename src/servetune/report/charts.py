@@ -1,6 +1,6 @@
 """The report's charts as matplotlib figures (no pyplot: no global state, no display needed).
 
-Every chart marks vLLM's default config and the recommended one the same way: a grey square and a green star.
+Every chart shows vLLM's default config in grey (a square) and the recommended one in green (a star).
 """
 
 import math
@@ -21,6 +21,11 @@ STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axe
 
 def value_label(objective: str) -> str:
     return "goodput (req/s within SLOs)" if objective == "goodput" else "throughput (req/s)"
+
+
+def measured_at(objective: str) -> str:
+    """Where a trial's headline p99s come from (see trial.py: the decisive level)."""
+    return "at the goodput rate" if objective == "goodput" else "at full load"
 
 
 def pareto_front(points: list[dict], latency: str) -> list[dict]:
@@ -54,9 +59,11 @@ def pareto(rows: list[dict], default: int | None, best: int | None, objective: s
                             fontsize=8, color="#92400e")
             _mark(ax, points, default, best, latency)
             if slo_key in slo:
-                ax.axvline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2, label=f"SLO {slo[slo_key]:g} ms")
-            _log_if_wide(ax, [p[latency] for p in points], "x")
-            ax.set_xlabel(label + ", at the highest passing rate")
+                ax.axvline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2)
+                ax.annotate(f"SLO {slo[slo_key]:g} ms", (slo[slo_key], 0), xycoords=("data", "axes fraction"),
+                            xytext=(-4, 4), textcoords="offset points", ha="right", color=SLO, fontsize=9)
+            _log_if_wide(ax.set_xscale, [p[latency] for p in points])
+            ax.set_xlabel(f"{label}, {measured_at(objective)}")
             ax.set_title(f"{value_label(objective).split(' (')[0]} vs {label.split(' (')[0]}")
             ax.margins(x=0.1)
         axes[0].set_ylabel(value_label(objective))
@@ -80,10 +87,11 @@ def _mark(ax, points: list[dict], default: int | None, best: int | None, latency
                         textcoords="offset points", fontsize=9, color=BEST, fontweight="bold")
 
 
-def _log_if_wide(ax, values: list[float], axis: str) -> None:
+def _log_if_wide(set_scale, values: list[float]) -> None:
+    """A log scale when the values span more than 30x."""
     positive = [v for v in values if v and v > 0]
     if positive and max(positive) / min(positive) > 30:
-        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        set_scale("log")
 
 
 def load_curves(rows: list[dict], default: int | None, best: int | None, slo: dict) -> Figure | None:
@@ -113,7 +121,7 @@ def load_curves(rows: list[dict], default: int | None, best: int | None, slo: di
                 ax.axhline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2)
                 ax.annotate(f"SLO {slo[slo_key]:g} ms", (0.01, slo[slo_key]), xycoords=("axes fraction", "data"),
                             xytext=(0, 4), textcoords="offset points", color=SLO, fontsize=9)
-            _log_if_wide(ax, values, "y")
+            _log_if_wide(ax.set_yscale, values)
             ax.set_xlabel("offered request rate (req/s)")
             ax.set_ylabel(label)
             ax.set_title(f"{label.split(' (')[0]} under load")
@@ -160,7 +168,8 @@ def param_effects(rows: list[dict], knobs: dict[str, list], default: int | None,
         fig = Figure(figsize=(11, 3.1 * math.ceil(len(names) / cols)), layout="constrained")
         axes = fig.subplots(math.ceil(len(names) / cols), cols, squeeze=False).ravel()
         for ax, name in zip(axes, names):
-            choices = [str(c) for c in knobs[name]]
+            tried = [str(r["params"][name]) for r in rows if name in r["params"]]
+            choices = list(dict.fromkeys([*map(str, knobs[name]), *tried]))  # the space's values, then any others
             groups: dict[int, list[dict]] = {}
             for row in rows:
                 if name in row["params"]:

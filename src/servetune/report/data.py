@@ -3,7 +3,6 @@ parameter importances, and the JSON/CSV exports."""
 
 import csv
 import json
-import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,9 @@ MIN_IMPORTANCE_TRIALS = 4  # completed trials with searched params before import
 
 
 def load_study(storage: str) -> optuna.Study:
-    """The servetune study in `storage`; StudyError when there is none."""
+    """The servetune study in `storage`; StudyError when there is none (a missing SQLite file is not created)."""
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists():
+        raise StudyError(f"no servetune study in {storage}: no such file")
     if not study_exists(storage):
         raise StudyError(f"no servetune study in {storage}")
     study = optuna.load_study(storage=storage, study_name=STUDY_NAME)
@@ -99,8 +100,4 @@ def write_levels_csv(trial_rows: list[dict], path: Path) -> None:
 
 
 def _cell(value: Any) -> Any:
-    if isinstance(value, (dict, list)):
-        return json.dumps(jsonable(value))
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
+    return json.dumps(jsonable(value)) if isinstance(value, (dict, list)) else jsonable(value)

@@ -9,7 +9,7 @@ import jinja2
 import yaml
 
 from servetune.engine.args import to_argv
-from servetune.report.charts import value_label
+from servetune.report.charts import measured_at, value_label
 from servetune.tune import vllm_config_yaml
 
 TEMPLATE = Path(__file__).with_name("report.html.j2").read_text()
@@ -33,7 +33,12 @@ def flags(config: dict | None) -> list[str]:
             groups.append(arg)
         else:
             groups[-1] += " " + shlex.quote(arg)
-    return groups or ["(vLLM defaults)"]
+    return groups
+
+
+def command(model: str, config: dict) -> str:
+    """`vllm serve` with one flag a line, as a shell command."""
+    return " \\\n  ".join([f"vllm serve {shlex.quote(model)}", *flags(config)])
 
 
 def data_uri(path: Path) -> str:
@@ -60,7 +65,10 @@ def verdict(summary: dict, rows: list[dict]) -> str:
             f"measured {number(top['value'])} vs {number(_value(default, summary))} {unit}. Keep the defaults.")
 
 
-def _value(entry: dict, summary: dict) -> float | None:
+def _value(entry: dict | None, summary: dict) -> float | None:
+    """The objective's value of a summary entry (which carries both rates)."""
+    if entry is None:
+        return None
     return entry["goodput_rate"] if summary["objective"] == "goodput" else entry["request_throughput"]
 
 
@@ -70,16 +78,15 @@ def render(meta: dict, summary: dict, rows: list[dict], unmeasured: list[dict], 
                              lstrip_blocks=True)
     env.filters |= {"num": number, "flags": flags, "pct": lambda v: "–" if v is None else f"{v:+.0%}",
                     "pairs": lambda params: " ".join(f"{k}={v}" for k, v in params.items())}
-    best = summary["best"]
+    best, default = summary["best"], summary["default"]
     return env.from_string(TEMPLATE).render(
         meta=meta, summary=summary, rows=rows, unmeasured=unmeasured, importance=importance,
         importance_note=importance_note, files=files, verdict=verdict(summary, rows),
-        value_label=value_label(meta["objective"]),
+        value_label=value_label(meta["objective"]), measured_at=measured_at(meta["objective"]),
         images={name: data_uri(path) for name, path in images.items()},
-        default_trial=(summary["default"] or {}).get("trial"), best_trial=(best or {}).get("trial"),
-        best_yaml=_best_yaml(meta, best), workload=yaml.safe_dump(meta["workload"], sort_keys=False),
+        default_trial=(default or {}).get("trial"), best_trial=(best or {}).get("trial"),
+        best_value=_value(best, summary), default_value=_value(default, summary),
+        best_yaml=vllm_config_yaml(meta["model"], best["config"]) if best else None,
+        best_command=command(meta["model"], best["config"]) if best else None,
+        workload=yaml.safe_dump(meta["workload"], sort_keys=False),
     )
-
-
-def _best_yaml(meta: dict, best: dict | None) -> str | None:
-    return vllm_config_yaml(meta["model"], best["config"]) if best else None

@@ -1,0 +1,175 @@
+"""`servetune report` on synthetic studies shaped like `servetune tune` writes them."""
+
+import csv
+import html as html_text
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from servetune.report import write_report
+from servetune.report.charts import pareto_front
+from servetune.search.objective import RateSearch
+from servetune.study import STUDY_NAME, StudyError
+
+KNOBS = {"max_num_batched_tokens": [2048, 4096, 8192, 16384], "max_num_seqs": [64, 128, 256, 512],
+         "enable_prefix_caching": [True, False], "gpu_memory_utilization": [0.9, 0.95]}
+SLO = {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 40.0}
+OOM = "CUDA out of memory while profiling the KV cache (tried to allocate 2.00 GiB)"
+
+
+def level(name: str, rate: float, capacity: float, tpot0: float, ttft0: float, slo: dict) -> dict:
+    """A load level of a config that serves `capacity` req/s, its p99s growing with the load."""
+    load = 1.0 if math.isinf(rate) else min(rate / capacity, 0.97)
+    ttft = ttft0 * 40 if math.isinf(rate) else ttft0 / (1 - load)
+    metrics = {"request_throughput": capacity if math.isinf(rate) else rate * 0.99, "completed": 300, "failed": 0,
+               "p99_ttft_ms": ttft, "p99_tpot_ms": tpot0 * (1 + 2 * load**3), "mean_ttft_ms": ttft / 3,
+               "mean_tpot_ms": tpot0, "offered_request_rate": rate, "steady_request_rate": min(rate, capacity),
+               "errors": {}}
+    reasons = [f"{k} {metrics['p99_' + k.split('_')[0] + '_ms']:.1f} > {v:g}" for k, v in slo.items()
+               if metrics["p99_" + k.split("_")[0] + "_ms"] > v]
+    return {"name": name, "rate": rate, "passed": not reasons, "reasons": reasons, "metrics": metrics,
+            "server": {"num_preemptions": 0.0, "kv_cache_usage_perc": 0.4 * load}, "records": "level.jsonl"}
+
+
+def ran(config: dict, capacity: float, tpot0: float, ttft0: float, objective: str = "goodput", slo=SLO,
+        preemptions: int = 0) -> dict:
+    """The outcome of a config that launched and was measured like trial.run_trial measures it."""
+    levels = [level("capacity", math.inf, capacity, tpot0, ttft0, slo)]
+    out = {"status": "ok", "failure": None, "config": config, "request_throughput": capacity,
+           "startup": {"kv_cache_tokens": 400_000 + 1000 * len(config), "max_concurrency": 97.6, "ready_s": 41.5}}
+    if objective == "goodput":
+        search = RateSearch(capacity)
+        while (rate := search.next_rate()) is not None:
+            levels.append(level("search", rate, capacity, tpot0, ttft0, slo))
+            search.tell(rate, levels[-1]["passed"])
+        out |= {"goodput_rate": search.goodput_rate, "goodput_bracket": list(search.bracket)}
+    passing = [lv for lv in levels if lv["passed"] and math.isfinite(lv["rate"])]
+    decisive = max(passing, key=lambda lv: lv["rate"]) if passing else levels[0]
+    return out | {"levels": levels, "p99_ttft_ms": decisive["metrics"]["p99_ttft_ms"],
+                  "p99_tpot_ms": decisive["metrics"]["p99_tpot_ms"], "preemptions": preemptions}
+
+
+def failed(config: dict, kind: str, reason: str) -> dict:
+    return {"status": "failed", "config": config, "levels": [], "startup": None,
+            "failure": {"kind": kind, "reason": reason, "log_path": "/out/trials/0003/server.log"}}
+
+
+def make_study(path: Path, trials: list[tuple[str, dict, dict | str]], objective: str = "goodput",
+               slo=SLO) -> str:
+    """A study in SQLite at `path`: each trial is (role, params, outcome dict or the reason it was skipped)."""
+    storage = f"sqlite:///{path}"
+    study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize")
+    study.set_user_attr("meta", {
+        "model": "meta-llama/Llama-3.1-8B-Instruct", "objective": objective, "slo": slo, "strategy": "optuna",
+        "budget": len(trials), "space": {"knobs": KNOBS, "fixed": {"max_model_len": 4096}, "max_model_len": 4096},
+        "workload": {"input_len": {"type": "uniform", "min": 512, "max": 2048}, "output_len": {"type": "fixed",
+                     "value": 256}, "request_rate": math.inf}, "vllm_version": "0.11.0", "device": "cuda",
+        "out": str(path.parent)})
+    for role, params, result in trials:
+        attrs = {} if role == "search" else {"role": role}
+        dists = {k: CategoricalDistribution(KNOBS[k]) for k in params}
+        if isinstance(result, str):
+            state, value, attrs = TrialState.PRUNED, None, attrs | {"skipped": result}
+        else:
+            ok = result["status"] == "ok"
+            value = (result["goodput_rate"] if objective == "goodput" else result["request_throughput"]) if ok else None
+            state, attrs = (TrialState.COMPLETE if ok else TrialState.PRUNED), attrs | {"outcome": result}
+        study.add_trial(optuna.trial.create_trial(state=state, value=value, params=params, distributions=dists,
+                                                  user_attrs=attrs))
+    return storage
+
+
+
+
+def tuned_study(path: Path, objective: str = "goodput") -> str:
+    """Ten trials: vLLM's defaults, six measured configs (#4 the clear winner), an OOM and two skipped."""
+    def run(params, *shape, **kw):
+        return ("search", params, ran(dict(params), *shape, objective=objective, **kw))
+
+    p = [dict(zip(KNOBS, values)) for values in [
+        (8192, 256, True, 0.9), (2048, 128, True, 0.9), (16384, 512, False, 0.95), (8192, 512, True, 0.95),
+        (2048, 64, False, 0.9), (4096, 256, False, 0.95), (16384, 128, True, 0.9), (4096, 64, True, 0.9)]]
+    return make_study(path, [
+        ("default", {}, ran({}, 18, 16, 180, objective)),
+        run(p[0], 24, 18, 150),
+        run(p[1], 16, 12, 300),
+        ("search", p[2], failed(dict(p[2]), "oom", OOM)),
+        run(p[3], 30, 17, 140),
+        ("search", p[4], "max_num_batched_tokens 2048 < max_model_len 4096 without chunked prefill"),
+        run(p[5], 21, 15, 220),
+        run(p[6], 20, 22, 120, preemptions=12),
+        ("search", p[3], "same config as trial 4"),
+        run(p[7], 12, 11, 260),
+    ], objective)
+
+
+def test_report_shows_every_trial_and_why_the_best_wins(tmp_path):
+    page = write_report(tuned_study(tmp_path / "study.db"), tmp_path / "report")
+    html = page.read_text()
+    out = page.parent
+    for number in (0, 1, 2, 3, 4, 6, 7, 9):
+        assert f'id="trial-{number}"' in html
+    assert OOM in html and "without chunked prefill" in html and "same config as trial 4" in html
+    assert 'class="best" id="trial-4"' in html and 'class=" default" id="trial-0"' in html
+    assert "Trial #4 beats vLLM&#39;s defaults" in html and "beyond measured resolution" in html
+    shown = html_text.unescape(re.search(r'<pre id="best-command">(.*?)</pre>', html, re.S).group(1))
+    assert shown.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct \\\n  --max-num-batched-tokens 8192 \\\n")
+    assert "gpu-memory-utilization: 0.95" in html  # best.yaml
+    for chart in ("pareto", "load", "effects", "importance"):
+        assert (out / f"{chart}.png").stat().st_size > 10_000
+        assert f'id="{chart}-chart" src="data:image/png;base64,' in html
+    assert "http://" not in html and "https://" not in html  # works offline
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best"]["trial"] == 4 and summary["best_beats_default"]
+    assert shlex.split(shown.replace("\\\n", "")) == shlex.split(summary["best_command"])  # one flag a line
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert [t["trial"] for t in trials] == list(range(10))
+    assert trials[0]["outcome"]["levels"][0]["rate"] == "inf" and trials[5]["state"] == "PRUNED"
+    with open(out / "levels.csv") as f:
+        levels = list(csv.DictReader(f))
+    assert len(levels) == sum(len(t.get("outcome", {}).get("levels", [])) for t in trials)
+    assert levels[0]["rate"] == "inf" and {"p99_tpot_ms", "server_num_preemptions"} <= set(levels[0])
+
+
+def test_report_of_a_study_whose_only_trial_failed(tmp_path):
+    storage = make_study(tmp_path / "study.db", [("default", {}, failed({}, "oom", OOM))])
+    html = write_report(storage, tmp_path / "report").read_text()
+    assert "No config ran to the end" in html and OOM in html and 'id="trial-0"' in html
+    assert "nothing to plot" in html and "needs at least 4 completed searched trials" in html
+    assert not (tmp_path / "report" / "pareto.png").exists()
+
+
+def test_report_of_a_throughput_study(tmp_path):
+    page = write_report(tuned_study(tmp_path / "study.db", "throughput"), tmp_path / "report")
+    html = page.read_text()
+    assert "throughput (req/s)" in html and 'class="best" id="trial-4"' in html
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["objective"] == "throughput" and summary["gain"] == pytest.approx(30 / 18 - 1)
+
+
+def test_a_gain_within_the_resolution_keeps_the_defaults(tmp_path):
+    close = dict(zip(KNOBS, (8192, 256, True, 0.9)))
+    storage = make_study(tmp_path / "study.db", [("default", {}, ran({}, 18, 16, 180)),
+                                                 ("search", close, ran(dict(close), 18.3, 16, 180))])
+    html = write_report(storage, tmp_path / "report").read_text()
+    assert "the highest, trial #1, measured" in html and "Keep the defaults" in html
+    assert 'class="best default" id="trial-0"' in html and "not beyond measured resolution" in html
+
+
+def test_pareto_front_keeps_the_configs_nothing_beats():
+    points = [{"trial": n, "value": v, "lat": lat} for n, v, lat in
+              [(0, 5, 100), (1, 7, 120), (2, 6, 150), (3, 9, 300), (4, 9, 400), (5, 4, 90)]]
+    assert [p["trial"] for p in pareto_front(points, "lat")] == [5, 0, 1, 3]
+
+
+def test_report_needs_a_servetune_study(tmp_path):
+    with pytest.raises(StudyError, match="no servetune study"):
+        write_report(f"sqlite:///{tmp_path / 'empty.db'}", tmp_path / "report")
+    assert not (tmp_path / "empty.db").exists()
