@@ -171,3 +171,14 @@ def test_sampler_strategies_sample_every_knob(name):
         assert set(config) == {"max_model_len"} | {k.name for k in SPACE.knobs}
     with pytest.raises(ValueError, match="unknown strategy"):
         make_strategy("annealing", SPACE, 6, 0, False)
+
+
+def test_optuna_starts_from_the_procedures_first_rung():
+    strategy = make_strategy("optuna", SPACE, budget=6, seed=0, constrained=False)
+    study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
+    strategy.plan_next(study)
+    first = _tell(study, 1.0)
+    assert first["enable_chunked_prefill"] is True and first["max_num_batched_tokens"] == 512
+    assert first["max_num_seqs"] == 128 and first["cpu_kvcache_space_gib"] == 1
+    strategy.plan_next(study)
+    assert study.ask().user_attrs.get("role") != "anchor"  # only once

@@ -233,11 +233,15 @@ def _result_table(summary: dict) -> Table:
 
 
 def _tune(opts) -> dict:
+    from servetune.report import write_report
+    from servetune.study import default_storage
     from servetune.tune import tune as run_tune
 
     with progress_bar() as bar:
         summary = run_tune(opts, TuneProgress(bar, opts.budget))
+    report = write_report(opts.storage or default_storage(opts.out), opts.out)
     console.print(_result_table(summary))
+    console.print(f"report: {report}", highlight=False)
     if summary["best"] is not None:
         gain = summary["gain"]
         verdict = (f"best beats the default by {100 * gain:+.1f}% beyond the measured resolution"
@@ -338,6 +342,23 @@ def demo(
         opts = _tune_options(str(model.resolve()), DEMO_WORKLOAD, out, ["tpot_p99_ms=25"], "goodput", "optuna",
                              budget, None, resume, [], [], None, 6.0, 150, 30, 4, 0)
     _tune_guarded(opts)
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option(help="Directory to write report.html, charts and exports into.")],
+    study: Annotated[Optional[str], typer.Option(help="Optuna storage URL; default: the sqlite study in OUT.")] = None,
+) -> None:
+    """Write the HTML report (Pareto front, load curves, parameter effects, every trial) of a study."""
+    from servetune.report import write_report
+    from servetune.study import StudyError, default_storage
+
+    with one_line_errors():
+        try:
+            path = write_report(study or default_storage(out), out)
+        except StudyError as e:
+            raise UsageError(str(e)) from None
+    console.print(f"report: {path}", highlight=False)
 
 
 @app.command()
