@@ -5,6 +5,8 @@ from typing import Any
 from servetune.engine.installed import InstalledVllm
 from servetune.memory import Calibration, Device, LaunchObservation, ModelShape, calibrate, choose_gpu_memory_utilization, predict
 
+HEADROOM_BYTES = 6 * 2**30
+
 
 class MemoryCheck:
     """Predicts vLLM's start-up memory plan for a config; each real launch's logged KV size refits it."""
@@ -31,8 +33,10 @@ class MemoryCheck:
         return None if estimate.fits else estimate.reason
 
     def gpu_memory_utilization(self, config: dict[str, Any]) -> float | None:
-        """The largest utilization that leaves headroom on the GPU, chosen without trial and error."""
-        return choose_gpu_memory_utilization(self.shape, self.device, config, calibration=self.calibration)
+        """The largest utilization that leaves HEADROOM_BYTES of the GPU to what vLLM does not profile
+        (CUDA context, NCCL, fragmentation), chosen without trial and error."""
+        return choose_gpu_memory_utilization(self.shape, self.device, config, calibration=self.calibration,
+                                             headroom_bytes=HEADROOM_BYTES)
 
     def observe(self, launches: list[tuple[dict[str, Any], int]]) -> Calibration:
         """Refit on every (config, logged KV cache tokens) launched so far."""
