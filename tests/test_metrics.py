@@ -5,7 +5,7 @@ import math
 import pytest
 
 from servetune.loadgen.records import LoadResult, RequestRecord
-from servetune.metrics import steady_request_rate, summarize
+from servetune.metrics import keep_up_ratio, steady_request_rate, summarize
 
 MS = 1_000_000
 
@@ -121,6 +121,16 @@ def test_short_overloaded_level_does_not_look_like_keeping_up():
     s = summarize(result)
     assert s["steady_request_rate"] == pytest.approx(19.5, rel=0.05)
     assert s["steady_request_rate"] < 0.9 * s["offered_request_rate"]
+
+
+def test_keep_up_ratio_sees_the_queue_not_the_arrival_noise():
+    assert keep_up_ratio(fifo_level(offered=20, capacity=1000, n=400)) == pytest.approx(1.0, abs=0.02)
+    assert keep_up_ratio(fifo_level(offered=26, capacity=19.5, n=130)) == pytest.approx(0.75, abs=0.05)
+    # Poisson-like bunching: arrivals sparse in the steady part, every one served at once
+    gaps = [10, 10, 10, 10, 300, 300, 300, 300] * 12
+    starts = [sum(gaps[:i]) for i in range(len(gaps))]
+    bursty = level([rec(i, t, (t + 20, t + 50), tokens=2) for i, t in enumerate(starts)], rate=12.0)
+    assert keep_up_ratio(bursty) == pytest.approx(1.0, abs=0.05)
 
 
 def test_steady_rate_none_when_all_sent_at_once():

@@ -59,7 +59,7 @@ def test_slo_names_and_values_are_checked():
 
 def _metrics(**kw):
     base = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 20.0, "p99_itl_ms": 30.0, "p99_e2el_ms": 900.0, "failed": 0,
-            "stopped_early": False, "offered_request_rate": 10.0, "steady_request_rate": 9.8}
+            "stopped_early": False, "offered_request_rate": 10.0, "steady_request_rate": 9.8, "keep_up_ratio": 0.99}
     return base | kw
 
 
@@ -68,10 +68,12 @@ def test_level_verdict_needs_slos_met_and_the_server_keeping_up():
     assert level_verdict(_metrics(), slo) == []
     assert level_verdict(_metrics(p99_tpot_ms=30.0), slo) == ["tpot_p99_ms 30.0 > 25"]
     # the case: 26 req/s offered, 19.5 served, latency SLOs met while the queue fills
-    assert level_verdict(_metrics(offered_request_rate=26.0, steady_request_rate=19.5), slo) == [
-        "served 19.50 of 26.00 req/s"]
+    assert level_verdict(_metrics(offered_request_rate=26.0, steady_request_rate=19.5, keep_up_ratio=0.75), slo) == [
+        "fell behind: completed 75% of arrivals (19.50 of 26.00 req/s)"]
+    # arrivals were sparse in the steady part, but every one completed: that is keeping up
+    assert level_verdict(_metrics(steady_request_rate=9.0, keep_up_ratio=1.0), slo) == []
     assert level_verdict(_metrics(failed=2, stopped_early=True), slo) == ["2 requests failed", "cut short: saturated"]
-    assert level_verdict(_metrics(offered_request_rate=math.inf, steady_request_rate=None), slo) == []
+    assert level_verdict(_metrics(offered_request_rate=math.inf, steady_request_rate=None, keep_up_ratio=None), slo) == []
 
 
 def _run(search: RateSearch, true_rate: float) -> RateSearch:

@@ -78,6 +78,29 @@ def steady_request_rate(result: LoadResult) -> float | None:
     return float(done / ((last_send - lo) / _NS_PER_S))
 
 
+def keep_up_ratio(result: LoadResult) -> float | None:
+    """Completions per arrival in the level's steady part [1 = the server keeps up].
+
+    With first/last_send and fill as in `steady_request_rate`: successful requests whose `end_ns` lies in
+    (first_send + fill, last_send], divided by the timed requests whose `start_ns` lies in
+    (first_send, last_send − fill]. Both windows are equally long, so the arrival process's own
+    randomness (±10% over 100 Poisson arrivals) cancels, which comparing `steady_request_rate` with the
+    nominal offered rate does not; an overloaded server completes at its capacity, below its arrivals.
+    None when the windows are empty.
+    """
+    timed = [r for r in result.records if not r.warmup]
+    ok = [r for r in timed if r.ok]
+    if not ok:
+        return None
+    first_send = min(r.start_ns for r in timed)
+    last_send = max(r.start_ns for r in timed)
+    fill_ns = min(np.percentile([e2el_ms(r) for r in ok], 90) * _NS_PER_MS, (last_send - first_send) / 2)
+    sent = sum(1 for r in timed if first_send < r.start_ns <= last_send - fill_ns)
+    if not sent:
+        return None
+    return sum(1 for r in ok if first_send + fill_ns < r.end_ns <= last_send) / sent
+
+
 def _peaks(ok: Sequence[RequestRecord]) -> tuple[float, int]:
     """vLLM's peaks over 1 s buckets from the first start: most token chunks in a bucket, and most
     requests active (start to last token) during a bucket."""
@@ -119,7 +142,7 @@ def summarize(
     is 0); `request_goodput` is None without SLOs.
     servetune fields: `offered_request_rate`, `burstiness`, `max_concurrency`, `stopped_early`,
     `errors` (timed requests by error kind; `cancelled` ones are not `failed`),
-    `p99_schedule_lag_ms` and `steady_request_rate`.
+    `p99_schedule_lag_ms`, `steady_request_rate` and `keep_up_ratio`.
     """
     unknown = set(goodput_slo or ()) - set(GOODPUT_METRICS)
     if unknown:
@@ -161,5 +184,6 @@ def summarize(
         "errors": dict(errors),
         "p99_schedule_lag_ms": float(np.percentile([schedule_lag_ms(r) for r in timed] or [0.0], 99)),
         "steady_request_rate": steady_request_rate(result),
+        "keep_up_ratio": keep_up_ratio(result),
     }
     return summary

@@ -11,7 +11,7 @@ SLO_METRICS = {
     "itl_p99_ms": "p99_itl_ms",
     "e2el_p99_ms": "p99_e2el_ms",
 }
-KEEP_UP_FRACTION = 0.95  # a level keeps up when its steady completion rate is >= 95% of the offered rate
+KEEP_UP_FRACTION = 0.95  # a level keeps up when, in its steady part, >= 95% as many requests complete as arrive
 
 
 def parse_slo(slo: Mapping[str, float]) -> dict[str, float]:
@@ -27,17 +27,19 @@ def parse_slo(slo: Mapping[str, float]) -> dict[str, float]:
 
 def level_verdict(metrics: Mapping, slo: Mapping[str, float]) -> list[str]:
     """Why a level fails its SLOs (empty when it meets them all). A level must also keep up: finish its
-    requests without errors and complete them, in its steady part, at >= 95% of the offered rate; an
-    overloaded level can meet latency SLOs while its queue is still filling."""
+    requests without errors and, in its steady part, complete >= 95% as many requests as arrive
+    (metrics.keep_up_ratio); an overloaded level can meet latency SLOs while its queue is still filling."""
     reasons = [f"{name} {metrics[SLO_METRICS[name]]:.1f} > {bound:g}"
                for name, bound in slo.items() if metrics[SLO_METRICS[name]] > bound]
     if metrics["failed"]:
         reasons.append(f"{metrics['failed']} requests failed")
     if metrics.get("stopped_early"):
         reasons.append("cut short: saturated")
-    offered, steady = metrics["offered_request_rate"], metrics.get("steady_request_rate")
-    if math.isfinite(offered) and (steady is None or steady < KEEP_UP_FRACTION * offered):
-        reasons.append(f"served {steady or 0:.2f} of {offered:.2f} req/s")
+    ratio = metrics.get("keep_up_ratio")
+    if math.isfinite(metrics["offered_request_rate"]) and (ratio is None or ratio < KEEP_UP_FRACTION):
+        steady = metrics.get("steady_request_rate") or 0.0
+        reasons.append(f"fell behind: completed {100 * (ratio or 0):.0f}% of arrivals "
+                       f"({steady:.2f} of {metrics['offered_request_rate']:.2f} req/s)")
     return reasons
 
 
