@@ -262,8 +262,17 @@ def calibrate(shape: ModelShape, device: Device, observations: Sequence[LaunchOb
     scale = np.sqrt((x ** 2).mean(axis=0))
     used = np.ptp(x, axis=0) > 1e-9 * scale
     used[0] = True
-    delta, *_ = np.linalg.lstsq(x[:, used] / scale[used], y - x @ theta, rcond=None)
-    theta[used] += delta / scale[used]
+    fitted = theta.copy()
+    while True:  # least squares with the activation and CUDA-graph terms kept >= 0 (an active set)
+        fitted = theta.copy()
+        delta, *_ = np.linalg.lstsq(x[:, used] / scale[used], y - x @ theta, rcond=None)
+        fitted[used] += delta / scale[used]
+        negative = [i for i in (1, 2) if used[i] and fitted[i] < 0]
+        if not negative:
+            break
+        for i in negative:
+            used[i], theta[i] = False, 0.0
+    theta = fitted
     return Calibration(non_torch_bytes=round(theta[0]), activation_width_factor=float(theta[1]),
                        cudagraph_bytes_per_capture_size=round(theta[2]),
                        observations=prior.observations + len(rows), model=shape.name, device=device.name)
