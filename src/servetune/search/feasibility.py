@@ -5,7 +5,7 @@ from typing import Any
 from servetune.engine.installed import InstalledVllm
 from servetune.memory import Calibration, Device, LaunchObservation, ModelShape, calibrate, choose_gpu_memory_utilization, predict
 
-HEADROOM_BYTES = 6 * 2**30
+HEADROOM_FRACTION = 0.05  # of the GPU, left to what vLLM does not profile (CUDA context, NCCL, fragments)
 
 
 class MemoryCheck:
@@ -33,10 +33,10 @@ class MemoryCheck:
         return None if estimate.fits else estimate.reason
 
     def gpu_memory_utilization(self, config: dict[str, Any]) -> float | None:
-        """The largest utilization that leaves HEADROOM_BYTES of the GPU to what vLLM does not profile
-        (CUDA context, NCCL, fragmentation), chosen without trial and error."""
+        """The largest utilization that leaves HEADROOM_FRACTION of the GPU free, chosen without trial and
+        error; None when no utilization up to that lets the config start."""
         return choose_gpu_memory_utilization(self.shape, self.device, config, calibration=self.calibration,
-                                             headroom_bytes=HEADROOM_BYTES)
+                                             headroom_bytes=int(HEADROOM_FRACTION * self.device.memory_bytes))
 
     def observe(self, launches: list[tuple[dict[str, Any], int]]) -> Calibration:
         """Refit on every (config, logged KV cache tokens) launched so far."""
