@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -42,6 +43,16 @@ def _has_mark(pid: str) -> bool:
             return SESSION_MARK.encode() in f.read().split(b"\0")
     except OSError:
         return False
+
+
+def wait_for(predicate, timeout_s: float) -> bool:
+    """Poll `predicate` every 0.5 s until it is true (True) or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from conftest import vllm_processes
+from conftest import vllm_processes, wait_for
 from servetune.engine import Engine, EngineFailed, FailureKind
 from servetune.engine.scrape import delta, scrape
 
@@ -63,15 +63,6 @@ def _start_expecting_failure(engine: Engine) -> EngineFailed:
     pytest.fail("the server started")
 
 
-def _wait_for(predicate, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_server_never_outlives_servetune(tiny_model, tmp_path, sig):
     """Kill the launching process while vLLM starts: its whole process group goes too."""
@@ -82,8 +73,8 @@ def test_server_never_outlives_servetune(tiny_model, tmp_path, sig):
     """)
     before = set(vllm_processes())
     proc = subprocess.Popen([sys.executable, "-c", script])
-    assert _wait_for(lambda: any("vllm.entrypoints" in p for p in set(vllm_processes()) - before), 60)
+    assert wait_for(lambda: any("vllm.entrypoints" in p for p in set(vllm_processes()) - before), 60)
     time.sleep(3)  # let it spawn the engine core
     os.kill(proc.pid, sig)
     proc.wait(timeout=60)
-    assert _wait_for(lambda: not (set(vllm_processes()) - before), 60), set(vllm_processes()) - before
+    assert wait_for(lambda: not (set(vllm_processes()) - before), 60), set(vllm_processes()) - before

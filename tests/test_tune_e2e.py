@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -13,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import vllm_processes
+from conftest import vllm_processes, wait_for
 from servetune.engine.launcher import free_port
 from servetune.study import STUDY_NAME
 
@@ -31,15 +30,6 @@ def tune_args(model: Path, workload: Path, out: Path, *extra: str) -> list[str]:
     return [*SERVETUNE, "tune", "--model", str(model), "--workload", str(workload), "--out", str(out),
             "--slo", "tpot_p99_ms=500", "--strategy", "seed", "--budget", "3", "--level-seconds", "3",
             "--level-requests", "60", "--min-level-requests", "20", "--max-levels", "2", *extra]
-
-
-def wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 @pytest.mark.vllm

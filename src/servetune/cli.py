@@ -260,7 +260,7 @@ def _tune_guarded(opts) -> None:
             except StudyError as e:
                 raise UsageError(str(e)) from None
     except KeyboardInterrupt:
-        fail(f"interrupted; no server is left running. Continue with the same command and --resume", code=130)
+        fail("interrupted; no server is left running. Continue with the same command and --resume", code=130)
 
 
 @app.command()

@@ -55,15 +55,10 @@ def schedule_lag_ms(r: RequestRecord) -> float:
     return (r.start_ns - r.scheduled_ns) / _NS_PER_MS
 
 
-def steady_request_rate(result: LoadResult) -> float | None:
-    """Completion rate [req/s] of the level's steady part, between fill and drain.
-
-    Over the timed requests: window W = (first_send + fill, last_send], where
-    first/last_send are the earliest/latest `start_ns` and fill = min(p90 e2el of successful
-    requests, half of last_send − first_send). Result: successful requests whose `end_ns` lies in
-    W, divided by W's length. A server that keeps up completes at the offered rate there; an
-    overloaded one completes at its capacity however short the level is. None when W is empty.
-    """
+def _steady_window(result: LoadResult) -> tuple[list[RequestRecord], list[RequestRecord], int, int, float] | None:
+    """(timed, successful, first_send, last_send, fill_ns) of a level: first/last_send are the earliest and
+    latest `start_ns` of the timed requests; fill = min(p90 e2el of the successful ones, half the send span).
+    None without a successful request."""
     timed = [r for r in result.records if not r.warmup]
     ok = [r for r in timed if r.ok]
     if not ok:
@@ -71,6 +66,20 @@ def steady_request_rate(result: LoadResult) -> float | None:
     first_send = min(r.start_ns for r in timed)
     last_send = max(r.start_ns for r in timed)
     fill_ns = min(np.percentile([e2el_ms(r) for r in ok], 90) * _NS_PER_MS, (last_send - first_send) / 2)
+    return timed, ok, first_send, last_send, fill_ns
+
+
+def steady_request_rate(result: LoadResult) -> float | None:
+    """Completion rate [req/s] of the level's steady part, between fill and drain.
+
+    Successful requests whose `end_ns` lies in W = (first_send + fill, last_send] (see `_steady_window`),
+    divided by W's length. A server that keeps up completes at the offered rate there; an overloaded one
+    completes at its capacity however short the level is. None when W is empty.
+    """
+    window = _steady_window(result)
+    if window is None:
+        return None
+    _, ok, first_send, last_send, fill_ns = window
     lo = first_send + fill_ns
     if last_send <= lo:
         return None
@@ -81,20 +90,16 @@ def steady_request_rate(result: LoadResult) -> float | None:
 def keep_up_ratio(result: LoadResult) -> float | None:
     """Completions per arrival in the level's steady part [1 = the server keeps up].
 
-    With first/last_send and fill as in `steady_request_rate`: successful requests whose `end_ns` lies in
-    (first_send + fill, last_send], divided by the timed requests whose `start_ns` lies in
-    (first_send, last_send − fill]. Both windows are equally long, so the arrival process's own
-    randomness (±10% over 100 Poisson arrivals) cancels, which comparing `steady_request_rate` with the
-    nominal offered rate does not; an overloaded server completes at its capacity, below its arrivals.
-    None when the windows are empty.
+    Successful requests whose `end_ns` lies in (first_send + fill, last_send], divided by the timed
+    requests whose `start_ns` lies in (first_send, last_send − fill] (see `_steady_window`). Both windows
+    are equally long, so the arrival process's own randomness (±10% over 100 Poisson arrivals) cancels,
+    which comparing `steady_request_rate` with the nominal offered rate does not; an overloaded server
+    completes at its capacity, below its arrivals. None when the windows are empty.
     """
-    timed = [r for r in result.records if not r.warmup]
-    ok = [r for r in timed if r.ok]
-    if not ok:
+    window = _steady_window(result)
+    if window is None:
         return None
-    first_send = min(r.start_ns for r in timed)
-    last_send = max(r.start_ns for r in timed)
-    fill_ns = min(np.percentile([e2el_ms(r) for r in ok], 90) * _NS_PER_MS, (last_send - first_send) / 2)
+    timed, ok, first_send, last_send, fill_ns = window
     sent = sum(1 for r in timed if first_send < r.start_ns <= last_send - fill_ns)
     if not sent:
         return None
