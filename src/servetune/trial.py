@@ -17,6 +17,7 @@ import httpx
 from servetune.bench import measure_level
 from servetune.engine import Engine, EngineFailed
 from servetune.loadgen import RequestRecord, Target
+from servetune.metrics import tpot_ms, ttft_ms
 from servetune.search.objective import RateSearch, level_verdict
 from servetune.workload import RequestSpec, WorkloadSpec
 
@@ -69,10 +70,9 @@ def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Se
         recent = [r for r in finished[-10:] if r.ok and r.chunk_ns]
         if not recent:
             return False
-        ttft = statistics.median((r.chunk_ns[0] - r.start_ns) / 1e6 for r in recent)
-        if "ttft_p99_ms" in slo and ttft > 4 * slo["ttft_p99_ms"]:
+        if "ttft_p99_ms" in slo and statistics.median(map(ttft_ms, recent)) > 4 * slo["ttft_p99_ms"]:
             return True
-        tpots = [(r.chunk_ns[-1] - r.chunk_ns[0]) / 1e6 / (len(r.chunk_ns) - 1) for r in recent if len(r.chunk_ns) > 1]
+        tpots = [t for t in map(tpot_ms, recent) if t is not None]
         return "tpot_p99_ms" in slo and bool(tpots) and statistics.median(tpots) > 2 * slo["tpot_p99_ms"]
 
     return should_stop

@@ -149,9 +149,7 @@ class Engine:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=grace_s)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
+        except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
