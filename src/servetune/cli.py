@@ -133,6 +133,7 @@ def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, i
         raise UsageError("give exactly one of --base-url URL (a running server) or --launch")
     if engine_arg and not launch:
         raise UsageError("--engine-arg needs --launch")
+    model = local_model(model) if launch else model
     spec = load_workload(workload) if workload else WorkloadSpec.random(input_len, output_len, num_prompts or 1000)
     overrides = {"num_requests": num_prompts, "request_rate": request_rate, "burstiness": burstiness,
                  "max_concurrency": max_concurrency, "endpoint": endpoint, "seed": seed}
@@ -185,29 +186,44 @@ def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, i
 class TuneProgress:
     """Rich bars for the tuner: one over trials, one over the requests of the current load level."""
 
-    def __init__(self, bar: Progress, budget: int):
+    def __init__(self, bar: Progress, budget: int, levels: bool = True):
         self.bar = bar
         self.trials = bar.add_task("trials", total=budget)
         self.level = bar.add_task("level", total=1, visible=False)
+        self.levels = levels  # one trial at a time: its load levels are shown too
+        self.running: list[int] = []
+
+    def _running(self) -> None:
+        names = ", ".join(map(str, self.running))
+        self.bar.update(self.trials, description=f"trial{'s' if len(self.running) > 1 else ''} {names}")
 
     def trial_started(self, number: int, config: dict, budget_left: int) -> None:
         from servetune.engine.args import to_argv
 
-        self.bar.update(self.trials, description=f"trial {number}")
-        self.bar.update(self.level, description="starting vLLM", total=None, completed=0, visible=True)
+        self.running.append(number)
+        self._running()
+        if self.levels:
+            self.bar.update(self.level, description="starting vLLM", total=None, completed=0, visible=True)
         console.print(f"trial {number}: {' '.join(to_argv(config)) or '(vLLM defaults)'}", highlight=False)
 
     def trial_finished(self, number: int, out: dict) -> None:
+        self.running.remove(number)
+        self._running()
         self.bar.advance(self.trials)
         if out["status"] != "ok":
             failure = out["failure"]
-            console.print(f"  failed ({failure['kind']}): {failure['reason']}", highlight=False)
+            console.print(f"  trial {number} failed ({failure['kind']}): {failure['reason']}", highlight=False)
         elif out.get("goodput_rate") is not None:
             lo, hi = out["goodput_bracket"]
-            console.print(f"  goodput rate {lo:.2f} req/s (fails at {hi:.2f}); capacity "
+            console.print(f"  trial {number}: goodput rate {lo:.2f} req/s (fails at {hi:.2f}); capacity "
                           f"{out['request_throughput']:.2f} req/s", highlight=False)
         else:
-            console.print(f"  throughput {out['request_throughput']:.2f} req/s", highlight=False)
+            console.print(f"  trial {number}: throughput {out['request_throughput']:.2f} req/s", highlight=False)
+
+    def trial_lost(self, number: int, reason: str) -> None:
+        self.running.remove(number)
+        self._running()
+        console.print(f"  trial {number} lost ({reason}); its config runs again", highlight=False)
 
     def level_started(self, name: str, rate: float, n: int) -> None:
         self.bar.update(self.level, description=f"{name} @ {rate:.2f} req/s", total=n, completed=0)
@@ -238,7 +254,8 @@ def _tune(opts) -> dict:
     from servetune.tune import tune as run_tune
 
     with progress_bar() as bar:
-        summary = run_tune(opts, TuneProgress(bar, opts.budget))
+        one_at_a_time = (opts.parallel or 1) == 1 and not opts.ray_address
+        summary = run_tune(opts, TuneProgress(bar, opts.budget, levels=one_at_a_time))
     report = write_report(opts.storage or default_storage(opts.out), opts.out)
     console.print(_result_table(summary))
     console.print(f"report: {report}", highlight=False)
@@ -272,7 +289,8 @@ def tune(
     objective: Annotated[str, typer.Option(help="goodput (highest rate within SLOs) or throughput (at rate inf).")] = "goodput",
     strategy: Annotated[str, typer.Option(help="seed (the manual procedure), grid or optuna.")] = "optuna",
     budget: Annotated[int, typer.Option(min=1, help="Servers to launch, vLLM's defaults included.")] = 6,
-    study: Annotated[Optional[str], typer.Option(help="Optuna storage URL; default sqlite in OUT.")] = None,
+    study: Annotated[Optional[str], typer.Option(
+        help="Optuna storage URL, e.g. postgresql+psycopg://user@host/db; default sqlite in OUT.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the study in OUT (or --study).")] = False,
     engine_arg: EngineArgOption = [],
     reference_config: Annotated[list[Path], typer.Option(
@@ -284,12 +302,19 @@ def tune(
     min_level_requests: Annotated[int, typer.Option(help="Fewest requests in a level.")] = 50,
     max_levels: Annotated[int, typer.Option(help="Most load levels per trial in the rate search.")] = 6,
     seed: Annotated[int, typer.Option()] = 0,
+    parallel: Annotated[Optional[int], typer.Option(
+        min=1, help="Trials at once: on this host, each on its own GPUs (CPU: its own cores); "
+                    "with --ray-address, at most this many (default: one per GPU of the cluster).")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        help="Run trials as Ray tasks on this cluster (e.g. 10.0.0.1:6379); every node needs servetune, vLLM "
+             "and the model at the same path.")] = None,
 ) -> None:
     """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
     with one_line_errors():
         opts = _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg,
                              knob, tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed,
                              reference_config)
+        opts.parallel, opts.ray_address = parallel, ray_address
     _tune_guarded(opts)
 
 
@@ -304,11 +329,16 @@ def _tune_options(model, workload, out, slo, objective, strategy, budget, study,
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     return TuneOptions(
-        model=model, workload=load_workload(workload), out=out, slo=parse_slo(parse_pairs(slo)), objective=objective,
+        model=local_model(model), workload=load_workload(workload), out=out, slo=parse_slo(parse_pairs(slo)), objective=objective,
         strategy=strategy, budget=budget, storage=study, resume=resume, engine_args=parse_pairs(engine_arg),
         optional_knobs=tuple(knob), tokenizer=tokenizer, level_seconds=level_seconds, level_requests=level_requests,
         min_level_requests=min_level_requests, max_levels=max_levels, seed=seed,
         references=[read_config_yaml(path) for path in references])
+
+
+def local_model(model: str) -> str:
+    """A model directory on this machine as an absolute path (servers start in /); a hub name as given."""
+    return str(Path(model).resolve()) if Path(model).is_dir() else model
 
 
 def read_config_yaml(path: Path) -> dict:

@@ -52,17 +52,21 @@ def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: dict[st
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
-    """Trials left RUNNING by a killed run are marked FAIL (interrupted) and queued again with the same
-    params and role; completed trials are kept as they are."""
-    again = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-        study.tell(t.number, state=TrialState.FAIL)
-        kept = {k: v for k, v in t.user_attrs.items() if k in ("role", "ladder", "reference")}
-        study.enqueue_trial(t.params, user_attrs=kept | {"planned": t.user_attrs.get("planned", t.params)},
-                            skip_if_exists=False)
-        again.append(t.number)
-    return again
+    """Trials left RUNNING by a killed run are marked FAIL (interrupted) and queued again; completed
+    trials are kept as they are."""
+    again = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in again:
+        requeue(study, t, "the tuner stopped during the trial")
+    return [t.number for t in again]
+
+
+def requeue(study: optuna.Study, t: FrozenTrial, why: str) -> None:
+    """Mark a trial that never finished FAIL (`interrupted`: why) and queue its params again, same role."""
+    study._storage.set_trial_user_attr(t._trial_id, "interrupted", why)
+    study.tell(t.number, state=TrialState.FAIL)
+    kept = {k: v for k, v in t.user_attrs.items() if k in ("role", "ladder", "reference")}
+    study.enqueue_trial(t.params, user_attrs=kept | {"planned": t.user_attrs.get("planned", t.params)},
+                        skip_if_exists=False)
 
 
 def trial_dir(out: Path, number: int) -> Path:

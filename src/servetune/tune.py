@@ -3,6 +3,7 @@ the winner as a `vllm serve` config and command, with a summary against vLLM's d
 
 import csv
 import math
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,15 +13,16 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from servetune import __version__
-from servetune.engine import probe, serve_command
-from servetune.jsonio import write_json
+from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
+from servetune.executors import Executor, Job, WorkerLost, make_executor
+from servetune.jsonio import write_json
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.objective import SLO_METRICS
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import make_strategy, suggest
-from servetune.study import default_storage, measured, open_study, outcome, trial_dir
-from servetune.trial import TrialPlan, run_trial
+from servetune.study import default_storage, measured, open_study, outcome, requeue, trial_dir
+from servetune.trial import TrialPlan
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
@@ -46,6 +48,8 @@ class TuneOptions:
     min_level_requests: int = 50
     max_levels: int = 6
     seed: int = 0
+    parallel: int | None = None  # trials at once (default 1; on a Ray cluster, as many as it has GPUs)
+    ray_address: str | None = None
 
 
 class Hooks:
@@ -53,17 +57,28 @@ class Hooks:
 
     def trial_started(self, number: int, config: dict, budget_left: int) -> None: ...
     def trial_finished(self, number: int, out: dict) -> None: ...
+    def trial_lost(self, number: int, reason: str) -> None: ...
     def level_started(self, name: str, rate: float, n: int) -> None: ...
     def record(self, record) -> None: ...
 
 
 def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
-    """Run (or resume) a study until `budget` servers were launched, write the outputs, return the summary."""
+    """Run (or resume) a study until `budget` servers were launched, write the outputs, return the summary.
+    With `parallel` > 1 or a `ray_address`, several trials run at once (see `servetune.executors`)."""
     if opts.objective not in ("goodput", "throughput"):
         raise ValueError(f"unknown objective {opts.objective!r}; use goodput or throughput")
     if opts.objective == "goodput" and not opts.slo:
         raise ValueError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
-    vllm = probe()
+    executor = make_executor(opts.parallel, opts.ray_address, hooks.level_started, hooks.record)
+    try:
+        study = _search(opts, hooks, executor)
+    finally:
+        executor.close()
+    return write_outputs(study, opts.out)
+
+
+def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study:
+    vllm = executor.probe()
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
     sets = [build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=opts.level_requests)
             for k in range(opts.max_levels + 2)]
@@ -93,11 +108,13 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
             study.enqueue_trial({}, user_attrs={"role": f"reference-{i}", "planned": {}, "reference": reference})
     plan = TrialPlan(opts.model, opts.workload, opts.slo, opts.objective, sets, opts.level_seconds,
                      opts.min_level_requests, max_levels=opts.max_levels)
-    skipped = 0
-    while len(measured(study)) < opts.budget and skipped < MAX_SKIPPED_IN_A_ROW:
+
+    def propose() -> tuple[Job, optuna.Trial] | str | None:
+        """Ask the study for the next config: a job, the reason it was refused (told PRUNED, costs
+        nothing), or None when the strategy has nothing to propose now."""
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if not waiting and not strategy.plan_next(study):
-            break
+            return None
         trial = study.ask()
         default = trial.user_attrs.get("role") == "default"
         reference = trial.user_attrs.get("reference")
@@ -112,28 +129,59 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
                 config["gpu_memory_utilization"] = memory.gpu_memory_utilization(config)
             misfit = memory.misfit(config) if config.get("gpu_memory_utilization", 1) else "no utilization fits"
             reason = f"predicted not to start: {misfit}" if misfit else None
-        twin = None if default else _measured_twin(study, trial, config)
+        job = Job(trial.number, config, plan, trial_dir(opts.out, trial.number))
+        reason = reason or executor.misfit(job)
+        twin = None if default or reason else _twin(study, trial, config)
         if reason is not None or twin is not None:
-            skipped += 1
             trial.set_user_attr("skipped", reason or f"same config as trial {twin.number}")
             study.tell(trial, state=TrialState.PRUNED)
-            continue
-        skipped = 0
-        hooks.trial_started(trial.number, config, opts.budget - len(measured(study)))
-        out = run_trial(plan, config, trial_dir(opts.out, trial.number),
-                        on_level=hooks.level_started, on_record=hooks.record)
-        out["artifacts"] = str(trial_dir(opts.out, trial.number))
-        trial.set_user_attr("outcome", out)
+            return reason or "duplicate"
         trial.set_user_attr("config_requested", config)
-        if memory is not None and (out.get("startup") or {}).get("kv_cache_tokens"):
-            study.set_user_attr("calibration", memory.observe(_launches(study)).model_dump())
-        if out["status"] == "ok":
-            trial.set_user_attr("constraints", _constraints(out, opts.slo))
-            study.tell(trial, _value(out, opts.objective))
-        else:
-            study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
-        hooks.trial_finished(trial.number, out)
-    return write_outputs(study, opts.out)
+        return job, trial
+
+    running: dict[Future, tuple[Job, optuna.Trial]] = {}
+    held: tuple[Job, optuna.Trial] | None = None  # asked, waiting for devices to free up
+    skipped = 0
+    while True:
+        if (held is None and len(running) < executor.slots and skipped < MAX_SKIPPED_IN_A_ROW
+                and len(measured(study)) + len(running) < opts.budget):
+            proposal = propose()
+            if isinstance(proposal, str):
+                skipped += 1
+                continue
+            held = proposal
+        if held is not None and (future := executor.submit(held[0])) is not None:
+            skipped = 0
+            hooks.trial_started(held[0].number, held[0].config, opts.budget - len(measured(study)) - len(running))
+            running[future], held = held, None
+            continue
+        if not running:
+            break
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in done:
+            _record(study, *running.pop(future), future, opts, memory, hooks)
+    return study
+
+
+def _record(study: optuna.Study, job: Job, trial: optuna.Trial, future: Future, opts: TuneOptions,
+            memory: MemoryCheck | None, hooks: Hooks) -> None:
+    """Tell the study a finished trial's outcome; a trial whose worker died is queued again."""
+    try:
+        out = future.result()
+    except WorkerLost as e:
+        requeue(study, study.get_trials(deepcopy=False)[job.number], f"worker lost: {e}")
+        hooks.trial_lost(job.number, str(e))
+        return
+    out["artifacts"] = str(job.out_dir)
+    trial.set_user_attr("outcome", out)
+    if memory is not None and (out.get("startup") or {}).get("kv_cache_tokens"):
+        study.set_user_attr("calibration", memory.observe(_launches(study)).model_dump())
+    if out["status"] == "ok":
+        trial.set_user_attr("constraints", _constraints(out, opts.slo))
+        study.tell(trial, _value(out, opts.objective))
+    else:
+        study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
+    hooks.trial_finished(job.number, out)
 
 
 def _launches(study: optuna.Study) -> list[tuple[dict, int]]:
@@ -152,8 +200,10 @@ def _constraints(out: dict, slo: dict[str, float]) -> list[float]:
     return [metrics[SLO_METRICS[k]] - v for k, v in slo.items()] or [0.0]
 
 
-def _measured_twin(study: optuna.Study, trial: optuna.Trial, config: dict) -> FrozenTrial | None:
-    for t in measured(study):
+def _twin(study: optuna.Study, trial: optuna.Trial, config: dict) -> FrozenTrial | None:
+    """A trial measured or running with the same config."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in [*measured(study), *running]:
         if t.number != trial.number and t.user_attrs.get("config_requested") == config:
             return t
     return None

@@ -41,9 +41,13 @@ def main() -> None:
         memory, name = int(current_platform.get_device_total_memory()), str(current_platform.get_device_name())
     except Exception:  # not every platform can tell
         memory, name = None, ""
+    try:
+        count = 0 if current_platform.device_type == "cpu" else int(current_platform.device_count())
+    except Exception:
+        count = 0
     json.dump(
         {"vllm_version": vllm.__version__, "device_type": current_platform.device_type, "flags": flags,
-         "device_memory_bytes": memory, "device_name": name},
+         "device_memory_bytes": memory, "device_name": name, "device_count": count},
         sys.stdout,
         default=str,
     )

@@ -16,13 +16,15 @@ class VllmNotFound(RuntimeError):
 @dataclass(frozen=True)
 class InstalledVllm:
     """The installed vLLM: version, device type ('cpu', 'cuda', ...), flags by snake_case name, and the
-    device's total memory and name as vLLM sees them (None/"" where the platform cannot tell)."""
+    device's total memory, name and the number of devices visible, as vLLM sees them (None/""/0 where the
+    platform cannot tell; 0 on CPU)."""
 
     version: str
     device_type: str
     flags: dict[str, dict[str, Any]]
     device_memory_bytes: int | None = None
     device_name: str = ""
+    device_count: int = 0
 
     @property
     def on_cpu(self) -> bool:
@@ -44,4 +46,4 @@ def probe(python: str = sys.executable) -> InstalledVllm:
         raise VllmNotFound(f"cannot read vLLM's engine arguments with {python}: {last}")
     data = json.loads(proc.stdout)
     return InstalledVllm(data["vllm_version"], data["device_type"], data["flags"],
-                         data.get("device_memory_bytes"), data.get("device_name", ""))
+                         data.get("device_memory_bytes"), data.get("device_name", ""), data.get("device_count", 0))

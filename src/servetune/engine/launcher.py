@@ -1,11 +1,13 @@
 """Launch a vLLM OpenAI-compatible server, wait until it is ready, and always stop it."""
 
 import atexit
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -22,6 +24,9 @@ from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 _GUARD = Path(__file__).with_name("_guard.py")
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "servetune-ports"
+_PORT_IN_USE = "Address already in use"
+LAUNCH_TRIES = 3  # launches that lost their port to another process before ready are tried again
 
 
 class EngineFailed(RuntimeError):
@@ -37,6 +42,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
+    """A free port that no other servetune process on this host holds: (port, fd of its lock file). The
+    lock (flock, released when the fd closes or the process dies) keeps trials running side by side, in
+    one servetune or several, from handing the same port to two servers."""
+    _PORT_LOCKS.mkdir(exist_ok=True)
+    while True:
+        port = free_port(host)
+        fd = os.open(_PORT_LOCKS / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return port, fd
+        except BlockingIOError:
+            os.close(fd)
 
 
 def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[str, Any]:
@@ -72,7 +92,8 @@ class Engine:
         self.engine_args = resolve_args(engine_args, self.vllm)
         self.log_path = Path(log_path)
         self.host = host
-        self.port = free_port(host)
+        self.port: int | None = None  # reserved by start()
+        self._port_lock: int | None = None
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
@@ -98,10 +119,24 @@ class Engine:
         return env
 
     def start(self) -> StartupFacts:
-        """Launch and wait for /health; raises EngineFailed (server stopped) if it never gets ready."""
+        """Launch on a reserved port and wait for /health; raises EngineFailed (server stopped) if it never
+        gets ready. A launch whose port another process took first is retried on a new port."""
         _install_handlers()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
+        for attempt in range(LAUNCH_TRIES):
+            self._launch()
+            failure = self._wait_ready(started)
+            if failure is None:
+                break
+            self.stop()
+            if _PORT_IN_USE not in failure.reason or attempt == LAUNCH_TRIES - 1:
+                raise EngineFailed(failure)
+        facts = parse_startup(self.log_text())
+        return StartupFacts(**{**facts.to_dict(), "ready_s": round(time.monotonic() - started, 2)})
+
+    def _launch(self) -> None:
+        self.port, self._port_lock = reserve_port(self.host)
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(self.argv()) + "\n").encode())
             log.flush()
@@ -111,12 +146,6 @@ class Engine:
                 env=self.env(), cwd="/", start_new_session=True,
             )
         _LIVE.add(self)
-        failure = self._wait_ready(started)
-        if failure is not None:
-            self.stop()
-            raise EngineFailed(failure)
-        facts = parse_startup(self.log_text())
-        return StartupFacts(**{**facts.to_dict(), "ready_s": round(time.monotonic() - started, 2)})
 
     def _wait_ready(self, started: float) -> LaunchFailure | None:
         with httpx.Client(timeout=2.0) as client:
@@ -143,6 +172,7 @@ class Engine:
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop the whole process group: TERM (the guard forwards it), then KILL after `grace_s`."""
         proc, self.proc = self.proc, None
+        lock, self._port_lock = self._port_lock, None
         _LIVE.discard(self)
         if proc is None:
             return
@@ -156,6 +186,8 @@ class Engine:
         except ProcessLookupError:
             pass
         proc.wait()
+        if lock is not None:
+            os.close(lock)
 
     def __enter__(self) -> "Engine":
         self.start()

@@ -1,0 +1,92 @@
+"""Trials as Ray tasks on a cluster: each asks for as many GPUs as its tensor x pipeline parallel size and
+runs on whichever node has them; its files come back with its outcome. Every node needs servetune, vLLM
+and the model at the same path."""
+
+import json
+import tempfile
+import threading
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+
+import ray
+import ray.exceptions
+
+from servetune.engine import InstalledVllm, probe
+from servetune.executors import Job, WorkerError, WorkerLost, run_job
+
+
+def _run_on_node(job: Job) -> tuple[dict, dict[str, bytes]]:
+    """Run the job in a scratch directory of the node; return the outcome (paths as the tuner will keep
+    them) and the trial's files."""
+    with tempfile.TemporaryDirectory(prefix=f"servetune-trial-{job.number}-") as scratch:
+        outcome = run_job(replace(job, out_dir=Path(scratch)))
+        files = {p.name: p.read_bytes() for p in Path(scratch).iterdir() if p.is_file()}
+    return json.loads(json.dumps(outcome).replace(scratch, str(job.out_dir))), files
+
+
+def _probe_node() -> InstalledVllm:
+    return probe()
+
+
+class RayCluster:
+    """At most `slots` trials at once on the Ray cluster at `address` (default: as many as it has GPUs, or
+    nodes on a CPU cluster). A trial whose worker or node dies raises WorkerLost; Ray does not retry it."""
+
+    def __init__(self, address: str, slots: int | None = None):
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ValueError(f"--ray-address {address}: cannot join the Ray cluster: {e}") from None
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        self.gpus_per_node = max((int(n["Resources"].get("GPU", 0)) for n in nodes), default=0)
+        total = int(ray.cluster_resources().get("GPU", 0))
+        self.slots = slots or total or len(nodes)
+        self.running = 0
+        self.lock = threading.Lock()
+        self.refs: dict[int, ray.ObjectRef] = {}
+        self._run = ray.remote(max_retries=0)(_run_on_node)
+
+    def probe(self) -> InstalledVllm:
+        """The vLLM of a worker node (on a GPU node when the cluster has GPUs)."""
+        remote = ray.remote(num_gpus=1 if self.gpus_per_node else 0, max_retries=0)(_probe_node)
+        return ray.get(remote.remote())
+
+    def misfit(self, job: Job) -> str | None:
+        if self.gpus_per_node and job.devices > self.gpus_per_node:
+            return f"needs {job.devices} GPUs on one node, the largest node has {self.gpus_per_node}"
+        return None
+
+    def submit(self, job: Job) -> Future | None:
+        with self.lock:
+            if self.running >= self.slots:
+                return None
+            self.running += 1
+        ref = self._run.options(num_gpus=job.devices if self.gpus_per_node else 0, num_cpus=1,
+                                name=f"servetune-trial-{job.number}").remote(job)
+        self.refs[job.number] = ref
+        future: Future = Future()
+        ref.future().add_done_callback(lambda done: self._finish(job, done, future))
+        return future
+
+    def _finish(self, job: Job, done: Future, future: Future) -> None:
+        with self.lock:
+            self.running -= 1
+            self.refs.pop(job.number, None)
+        try:
+            outcome, files = done.result()
+        except ray.exceptions.RayTaskError as e:
+            future.set_exception(WorkerError(str(e)))
+            return
+        except ray.exceptions.RayError as e:  # worker crashed, node died, task cancelled
+            future.set_exception(WorkerLost(f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+            return
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (job.out_dir / name).write_bytes(data)
+        future.set_result(outcome)
+
+    def close(self) -> None:
+        for ref in list(self.refs.values()):
+            ray.cancel(ref, force=True)  # kills the worker; its server's guard stops the server
+        ray.shutdown()

