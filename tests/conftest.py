@@ -21,7 +21,7 @@ def vllm_processes() -> list[str]:
     """`pid args` of the vLLM servers, engine cores and guards that this test session started: processes
     that carry the session's mark in their environment, or descend from one that does (vLLM's engine core
     renames itself with setproctitle, which overwrites its /proc environ)."""
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
     rows = [line.split(None, 2) for line in out.splitlines()[1:]]
     parent = {int(r[0]): int(r[1]) for r in rows}
     ours = {int(r[0]) for r in rows if _has_mark(r[0])}

@@ -43,8 +43,10 @@ def main() -> None:
         memory, name = None, ""
     try:
         count = 0 if current_platform.device_type == "cpu" else int(current_platform.device_count())
-    except Exception:
-        count = 0
+    except Exception:  # older platforms
+        import torch
+
+        count = torch.cuda.device_count() if current_platform.device_type == "cuda" else 0
     json.dump(
         {"vllm_version": vllm.__version__, "device_type": current_platform.device_type, "flags": flags,
          "device_memory_bytes": memory, "device_name": name, "device_count": count},
