@@ -19,8 +19,8 @@ class StandIn:
     """Finishes each trial after `hold_s` with a goodput that grows with max_num_seqs; loses the trials
     numbered in `lose`."""
 
-    def __init__(self, slots: int, lose: set[int], storage: str, hold_s: float = 0.3):
-        self.slots, self.lose, self.storage, self.hold_s = slots, lose, storage, hold_s
+    def __init__(self, slots: int, lose: set[int], hold_s: float = 0.3):
+        self.slots, self.lose, self.hold_s = slots, lose, hold_s
         self.in_flight: list[int] = []
         self.most_at_once = 0
         self.submitted: list[Job] = []
@@ -62,14 +62,13 @@ class StandIn:
         pass
 
 
-def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_model, tmp_path, monkeypatch):
+def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_model, tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    stand_in = StandIn(slots=2, lose={1}, storage=storage)
-    monkeypatch.setattr("servetune.tune.make_executor", lambda *a, **k: stand_in)
+    stand_in = StandIn(slots=2, lose={1})
     opts = TuneOptions(model=str(tiny_model), workload=WorkloadSpec.model_validate({"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}),
                        out=tmp_path / "out", slo={"tpot_p99_ms": 50}, strategy="optuna", budget=6, storage=storage,
                        level_requests=20, max_levels=1, parallel=2)
-    summary = tune(opts)
+    summary = tune(opts, executor=stand_in)
 
     assert stand_in.most_at_once == 2
     study = optuna.load_study(study_name=STUDY_NAME, storage=storage)

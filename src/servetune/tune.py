@@ -62,14 +62,15 @@ class Hooks:
     def record(self, record) -> None: ...
 
 
-def tune(opts: TuneOptions, hooks: Hooks = Hooks()) -> dict:
+def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = None) -> dict:
     """Run (or resume) a study until `budget` servers were launched, write the outputs, return the summary.
-    With `parallel` > 1 or a `ray_address`, several trials run at once (see `servetune.executors`)."""
+    With `parallel` > 1 or a `ray_address`, several trials run at once (see `servetune.executors`); an
+    `executor` given here is used instead of the one those options make."""
     if opts.objective not in ("goodput", "throughput"):
         raise ValueError(f"unknown objective {opts.objective!r}; use goodput or throughput")
     if opts.objective == "goodput" and not opts.slo:
         raise ValueError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
-    executor = make_executor(opts.parallel, opts.ray_address, hooks.level_started, hooks.record)
+    executor = executor or make_executor(opts.parallel, opts.ray_address, hooks.level_started, hooks.record)
     try:
         study = _search(opts, hooks, executor)
     finally:
