@@ -9,7 +9,9 @@ import optuna
 from optuna.trial import TrialState
 
 from servetune.engine import probe
-from servetune.executors import Job, WorkerLost
+import pytest
+
+from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study import STUDY_NAME
 from servetune.tune import TuneOptions, tune
 from servetune.workload import WorkloadSpec
@@ -62,13 +64,18 @@ class StandIn:
         pass
 
 
+def options(model, tmp_path, storage: str, budget: int) -> TuneOptions:
+    workload = WorkloadSpec.model_validate({"num_requests": 20, "input_len": {"type": "fixed", "value": 32},
+                                            "output_len": {"type": "fixed", "value": 8}})
+    return TuneOptions(model=str(model), workload=workload, out=tmp_path / "out", slo={"tpot_p99_ms": 50},
+                       strategy="optuna", budget=budget, storage=storage, level_requests=20, max_levels=1,
+                       parallel=2)
+
+
 def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_model, tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     stand_in = StandIn(slots=2, lose={1})
-    opts = TuneOptions(model=str(tiny_model), workload=WorkloadSpec.model_validate({"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}),
-                       out=tmp_path / "out", slo={"tpot_p99_ms": 50}, strategy="optuna", budget=6, storage=storage,
-                       level_requests=20, max_levels=1, parallel=2)
-    summary = tune(opts, executor=stand_in)
+    summary = tune(options(tiny_model, tmp_path, storage, budget=6), executor=stand_in)
 
     assert stand_in.most_at_once == 2
     study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
@@ -84,3 +91,14 @@ def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_
     assert all(configs.count(c) == 1 for c in configs)  # none measured twice
     assert {t.user_attrs.get("role", "search") for t in complete} == {"default", "anchor", "search"}
     assert len(stand_in.submitted) == 7  # six measured and the one lost
+
+
+def test_workers_that_keep_dying_stop_the_tune_with_their_configs_queued(tiny_model, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    with pytest.raises(WorkerError, match="3 trials in a row lost their worker"):
+        tune(options(tiny_model, tmp_path, storage, budget=6), executor=StandIn(slots=2, lose=set(range(100))))
+    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+    lost = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert len(lost) == 3 and all(t.user_attrs["interrupted"].startswith("worker lost") for t in lost)
+    pending = [t for t in study.trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+    assert sorted(t.user_attrs["role"] for t in pending) == ["anchor", "default"]  # --resume runs both again

@@ -268,6 +268,7 @@ def _tune(opts) -> dict:
 
 
 def _tune_guarded(opts) -> None:
+    from servetune.executors import WorkerError
     from servetune.study import StudyError
 
     try:
@@ -276,6 +277,8 @@ def _tune_guarded(opts) -> None:
                 _tune(opts)
             except StudyError as e:
                 raise UsageError(str(e)) from None
+    except WorkerError as e:
+        fail(str(e), code=1)
     except KeyboardInterrupt:
         fail("interrupted; no server is left running. Continue with the same command and --resume", code=130)
 

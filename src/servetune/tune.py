@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from servetune import __version__
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
-from servetune.executors import Executor, Job, WorkerLost, make_executor
+from servetune.executors import Executor, Job, WorkerError, WorkerLost, make_executor
 from servetune.jsonio import write_json
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.objective import SLO_METRICS
@@ -26,6 +26,7 @@ from servetune.trial import TrialPlan
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
+MAX_LOST_IN_A_ROW = 3  # trials whose worker died, one after another, before giving up
 
 
 @dataclass
@@ -142,7 +143,7 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study
 
     running: dict[Future, tuple[Job, optuna.Trial]] = {}
     held: tuple[Job, optuna.Trial] | None = None  # asked, waiting for devices to free up
-    skipped = 0
+    skipped = lost_in_a_row = 0
     while True:
         if (held is None and len(running) < executor.slots and skipped < MAX_SKIPPED_IN_A_ROW
                 and len(measured(study)) + len(running) < opts.budget):
@@ -160,19 +161,23 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study
             break
         done, _ = wait(running, return_when=FIRST_COMPLETED)
         for future in done:
-            _record(study, *running.pop(future), future, opts, memory, hooks)
+            lost = _record(study, *running.pop(future), future, opts, memory, hooks)
+            lost_in_a_row = lost_in_a_row + 1 if lost else 0
+            if lost_in_a_row >= MAX_LOST_IN_A_ROW:
+                raise WorkerError(f"{lost_in_a_row} trials in a row lost their worker (last: {lost}); "
+                                  "their configs are queued: fix the cause and continue with --resume")
     return study
 
 
 def _record(study: optuna.Study, job: Job, trial: optuna.Trial, future: Future, opts: TuneOptions,
-            memory: MemoryCheck | None, hooks: Hooks) -> None:
-    """Tell the study a finished trial's outcome; a trial whose worker died is queued again."""
+            memory: MemoryCheck | None, hooks: Hooks) -> str | None:
+    """Tell the study a finished trial's outcome. A trial whose worker died is queued again; returns why."""
     try:
         out = future.result()
     except WorkerLost as e:
         requeue(study, study.get_trials(deepcopy=False)[job.number], f"worker lost: {e}")
         hooks.trial_lost(job.number, str(e))
-        return
+        return str(e)
     out["artifacts"] = str(job.out_dir)
     trial.set_user_attr("outcome", out)
     if memory is not None and (out.get("startup") or {}).get("kv_cache_tokens"):
@@ -183,6 +188,7 @@ def _record(study: optuna.Study, job: Job, trial: optuna.Trial, future: Future, 
     else:
         study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
     hooks.trial_finished(job.number, out)
+    return None
 
 
 def _launches(study: optuna.Study) -> list[tuple[dict, int]]:
