@@ -3,6 +3,7 @@
 Usage: python _guard.py CMD [ARG ...]. Start it as the leader of a new process group. The guard asks the
 kernel for SIGTERM when its parent dies (even by SIGKILL), and on SIGTERM/SIGINT/SIGHUP, or when CMD
 exits, it stops the whole group: TERM, a grace period (SERVETUNE_GRACE_S, default 10 s), then KILL.
+CMD itself gets SIGTERM from the kernel if the guard is killed before it can do that.
 A standalone script, so it needs nothing but the standard library.
 """
 
@@ -48,9 +49,13 @@ def _others_alive(pgid: int) -> bool:
     return False
 
 
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def main() -> int:
     parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _die_with_parent()
     if os.getppid() != parent:  # the parent died before prctl took effect
         return 1
     grace_s = float(os.environ.get("SERVETUNE_GRACE_S", "10"))
@@ -62,7 +67,7 @@ def main() -> int:
         signal.signal(sig, on_signal)
     code = 1
     try:
-        child = subprocess.Popen(sys.argv[1:])
+        child = subprocess.Popen(sys.argv[1:], preexec_fn=_die_with_parent)  # TERM if this guard is killed
         code = child.wait()
     except KeyboardInterrupt:
         code = 143
