@@ -3,6 +3,7 @@ a real PostgreSQL server, where a worker is killed mid-trial and its trial runs 
 like a sequential one."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -33,7 +34,7 @@ def postgres_bin() -> Path:
 def postgres():
     """A real PostgreSQL server on loopback, in a scratch directory, for this module; its storage URL."""
     bin_dir, data = postgres_bin(), Path(tempfile.mkdtemp(prefix="servetune-pg-"))
-    as_owner = ["runuser", "-u", "postgres", "--"] if _is_root() else []
+    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     if as_owner:
         shutil.chown(data, "postgres")
     port = free_port()
@@ -49,12 +50,6 @@ def postgres():
         subprocess.run([*as_owner, bin_dir / "pg_ctl", "-D", data / "db", "-m", "immediate", "stop"],
                        capture_output=True)
         shutil.rmtree(data, ignore_errors=True)
-
-
-def _is_root() -> bool:
-    import os
-
-    return os.geteuid() == 0
 
 
 @pytest.fixture(scope="module")

@@ -249,13 +249,14 @@ def _result_table(summary: dict) -> Table:
 
 
 def _tune(opts) -> dict:
+    from servetune.executors import runs_inline
     from servetune.report import write_report
     from servetune.study import default_storage
     from servetune.tune import tune as run_tune
 
     with progress_bar() as bar:
-        one_at_a_time = (opts.parallel or 1) == 1 and not opts.ray_address
-        summary = run_tune(opts, TuneProgress(bar, opts.budget, levels=one_at_a_time))
+        levels = runs_inline(opts.parallel, opts.ray_address)
+        summary = run_tune(opts, TuneProgress(bar, opts.budget, levels=levels))
     report = write_report(opts.storage or default_storage(opts.out), opts.out)
     console.print(_result_table(summary))
     console.print(f"report: {report}", highlight=False)

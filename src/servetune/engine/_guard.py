@@ -49,14 +49,15 @@ def _others_alive(pgid: int) -> bool:
     return False
 
 
-def _die_with_parent() -> None:
+def die_with(parent: int) -> bool:
+    """Ask the kernel for SIGTERM when this process's parent (pid `parent`) dies, even by SIGKILL. False
+    if it died already, before the request took effect."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    return os.getppid() == parent
 
 
 def main() -> int:
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    if not die_with(os.getppid()):
         return 1
     grace_s = float(os.environ.get("SERVETUNE_GRACE_S", "10"))
 
@@ -67,7 +68,8 @@ def main() -> int:
         signal.signal(sig, on_signal)
     code = 1
     try:
-        child = subprocess.Popen(sys.argv[1:], preexec_fn=_die_with_parent)  # TERM if this guard is killed
+        guard = os.getpid()
+        child = subprocess.Popen(sys.argv[1:], preexec_fn=lambda: die_with(guard))  # TERM if this guard is killed
         code = child.wait()
     except KeyboardInterrupt:
         code = 143

@@ -174,19 +174,9 @@ class Engine:
         proc, self.proc = self.proc, None
         lock, self._port_lock = self._port_lock, None
         _LIVE.discard(self)
-        if proc is None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace_s)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        if lock is not None:
+        if proc is not None:
+            _kill_group(proc, grace_s)
+        if lock is not None:  # the port is free for others once its server is gone (or never started)
             os.close(lock)
 
     def __enter__(self) -> "Engine":
@@ -195,6 +185,20 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """TERM the group led by `proc`, wait up to `grace_s` for it, then KILL what is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def stop_all() -> None:

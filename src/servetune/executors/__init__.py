@@ -86,9 +86,17 @@ class Inline:
         pass
 
 
+def runs_inline(parallel: int | None, ray_address: str | None) -> bool:
+    """Whether these options run one trial at a time in this process (the only executor that reports
+    each trial's load levels as they run)."""
+    return not ray_address and (parallel or 1) == 1
+
+
 def make_executor(parallel: int | None, ray_address: str | None, on_level: Callable | None = None,
                   on_record: Callable | None = None) -> Executor:
-    """`RayCluster` with an address, `LocalPool` for parallel > 1, else `Inline`."""
+    """`Inline` when `runs_inline`, else `RayCluster` with an address, else `LocalPool`."""
+    if runs_inline(parallel, ray_address):
+        return Inline(on_level, on_record)
     if ray_address:
         try:
             from servetune.executors.cluster import RayCluster
@@ -96,8 +104,6 @@ def make_executor(parallel: int | None, ray_address: str | None, on_level: Calla
             raise ValueError("--ray-address needs Ray: pip install 'servetune[cluster]'") from None
 
         return RayCluster(ray_address, parallel)
-    if parallel is not None and parallel > 1:
-        from servetune.executors.local import LocalPool
+    from servetune.executors.local import LocalPool
 
-        return LocalPool(parallel, probe())
-    return Inline(on_level, on_record)
+    return LocalPool(parallel, probe())

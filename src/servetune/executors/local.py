@@ -1,18 +1,15 @@
 """Several trials at once on this host, each in its own worker process, packed onto free devices."""
 
-import ctypes
 import multiprocessing
 import os
-import signal
 import threading
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from servetune.engine import InstalledVllm
+from servetune.engine._guard import die_with
 from servetune.executors import Job, WorkerError, WorkerLost, run_job
-
-PR_SET_PDEATHSIG = 1
 
 
 def visible_gpus(count: int) -> list[str]:
@@ -112,8 +109,7 @@ def _worker(work: Callable[[Job], dict], job: Job, env: dict[str, str], cores: t
             tuner: int) -> None:
     """A worker process: dies with the tuner (PDEATHSIG), takes its devices, runs one job. A worker that
     is killed sends nothing: the tuner sees the pipe close and runs the trial again."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != tuner:  # the tuner died before prctl took effect
+    if not die_with(tuner):
         return
     os.environ.update(env)
     if cores:
