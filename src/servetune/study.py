@@ -64,7 +64,7 @@ def requeue(study: optuna.Study, t: FrozenTrial, why: str) -> None:
     """Mark a trial that never finished FAIL (`interrupted`: why) and queue its params again, same role."""
     study._storage.set_trial_user_attr(t._trial_id, "interrupted", why)
     study.tell(t.number, state=TrialState.FAIL)
-    kept = {k: v for k, v in t.user_attrs.items() if k in ("role", "ladder", "reference")}
+    kept = {k: v for k, v in t.user_attrs.items() if k in ("role", "ladder", "reference", "why")}
     study.enqueue_trial(t.params, user_attrs=kept | {"planned": t.user_attrs.get("planned", t.params)},
                         skip_if_exists=False)
 

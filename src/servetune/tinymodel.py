@@ -2,10 +2,12 @@
 
 It lets servetune (and its tests) drive a real vLLM engine without any model hub. Every word in the
 vocabulary is one token and the tokenizer adds no BOS, so a prompt of N space-separated words is
-exactly N prompt tokens on the completions endpoint.
+exactly N prompt tokens on the completions endpoint. Given another tokenizer's directory (a real 128k BPE
+vocabulary, say), the same tiny network is written around that tokenizer instead.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -40,23 +42,47 @@ def vocabulary() -> list[str]:
     return SPECIAL_TOKENS + [_SYLLABLES[i % n] + _SYLLABLES[i // n] for i in range(VOCAB_SIZE - len(SPECIAL_TOKENS))]
 
 
-def write_tiny_model(out_dir: Path) -> Path:
-    """Write the model (config, weights, tokenizer) into `out_dir` and return it."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def write_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None) -> Path:
+    """Write the model (config, weights, tokenizer) into `out_dir` and return it. With `tokenizer_dir`, its
+    tokenizer files are copied and the vocabulary sized to them (BOS/EOS ids from its tokenizer.json)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(out_dir / "config.json", _config())
-    _write_json(out_dir / "generation_config.json", {"bos_token_id": 1, "eos_token_id": 2})
-    _write_json(out_dir / "tokenizer_config.json", _tokenizer_config())
-    (out_dir / "tokenizer.json").write_text(_tokenizer().to_str(pretty=True) + "\n")
-    save_file(_weights(), out_dir / "model.safetensors", metadata={"format": "pt"})
+    vocab_size, bos, eos = VOCAB_SIZE, 1, 2
+    if tokenizer_dir is None:
+        _write_json(out_dir / "tokenizer_config.json", _tokenizer_config())
+        (out_dir / "tokenizer.json").write_text(_tokenizer().to_str(pretty=True) + "\n")
+    else:
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer_dir) / name).exists():
+                shutil.copy(Path(tokenizer_dir) / name, out_dir / name)
+        vocab_size, bos, eos = _vocab_facts(out_dir)
+    _write_json(out_dir / "config.json", _config(vocab_size, bos, eos))
+    _write_json(out_dir / "generation_config.json", {"bos_token_id": bos, "eos_token_id": eos})
+    save_file(_weights(vocab_size), out_dir / "model.safetensors", metadata={"format": "pt"})
     return out_dir
 
 
-def _config() -> dict:
+def _vocab_facts(model_dir: Path) -> tuple[int, int, int]:
+    """(vocabulary size, BOS id, EOS id) of the tokenizer in `model_dir`."""
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+
+    def token_id(key: str) -> int:
+        token = config.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        return tokenizer.token_to_id(token) if token else 0
+
+    return tokenizer.get_vocab_size(with_added_tokens=True), token_id("bos_token"), token_id("eos_token")
+
+
+def _config(vocab_size: int, bos: int, eos: int) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": vocab_size,
         "hidden_size": HIDDEN_SIZE,
         "intermediate_size": INTERMEDIATE_SIZE,
         "num_hidden_layers": NUM_LAYERS,
@@ -68,8 +94,8 @@ def _config() -> dict:
         "rms_norm_eps": 1e-5,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
         "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
         "dtype": "float32",  # vLLM's `--dtype auto` serves float32 checkpoints in bfloat16 where the CPU has it
     }
 
@@ -97,7 +123,7 @@ def _tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def _weights() -> dict[str, np.ndarray]:
+def _weights(vocab_size: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(SEED)
 
     def normal(*shape: int) -> np.ndarray:
@@ -105,7 +131,7 @@ def _weights() -> dict[str, np.ndarray]:
 
     ones = np.ones(HIDDEN_SIZE, dtype=np.float32)
     kv_dim = NUM_KV_HEADS * HEAD_DIM
-    tensors = {"model.embed_tokens.weight": normal(VOCAB_SIZE, HIDDEN_SIZE)}
+    tensors = {"model.embed_tokens.weight": normal(vocab_size, HIDDEN_SIZE)}
     for layer in range(NUM_LAYERS):
         p = f"model.layers.{layer}."
         tensors |= {
@@ -120,7 +146,7 @@ def _weights() -> dict[str, np.ndarray]:
             p + "mlp.down_proj.weight": normal(HIDDEN_SIZE, INTERMEDIATE_SIZE),
         }
     tensors["model.norm.weight"] = ones
-    tensors["lm_head.weight"] = normal(VOCAB_SIZE, HIDDEN_SIZE)
+    tensors["lm_head.weight"] = normal(vocab_size, HIDDEN_SIZE)
     return tensors
 
 

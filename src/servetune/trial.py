@@ -1,7 +1,9 @@
 """One trial: launch vLLM with a config, measure its capacity and goodput rate over load levels, stop it.
 
-A trial that fails (OOM, bad config, a server that dies) returns an outcome that says so; it never raises
-for the engine's sake.
+Before the first level the running server is checked against the workload (`preflight`): a config that
+would refuse or cut short part of the workload is not measured. A confirmation trial measures fixed
+(rate, seed) levels instead of searching. A trial that fails (OOM, bad config, a server that dies, a
+workload the config rejects) returns an outcome that says so; it never raises for the engine's sake.
 """
 
 import math
@@ -18,7 +20,7 @@ from servetune.bench import measure_level
 from servetune.engine import Engine, EngineFailed
 from servetune.loadgen import RequestRecord, Target
 from servetune.metrics import tpot_ms, ttft_ms
-from servetune.search.objective import RateSearch, level_verdict
+from servetune.search.objective import RateSearch, level_verdict, rejected_requests
 from servetune.workload import RequestSpec, WorkloadSpec
 
 SATURATION_MIN_FINISHED = 20
@@ -40,6 +42,7 @@ class TrialPlan:
     resolution: float = 0.05
     startup_timeout_s: float = 900.0
     engine_env: dict[str, str] = field(default_factory=dict)
+    fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # confirmation: (rate, seed) each
 
 
 @dataclass
@@ -96,10 +99,14 @@ def run_trial(
     except EngineFailed as e:
         return outcome | {"status": "failed", "failure": e.failure.to_dict()}
     try:
-        _measure(plan, engine, out_dir, outcome, on_level, on_record)
+        refusal = preflight(engine.base_url, plan)
+        if refusal is None:
+            _measure(plan, engine, out_dir, outcome, on_level, on_record)
     finally:
         alive = engine.alive()
         engine.stop()
+    if refusal is not None:
+        return outcome | {"status": "failed", "failure": refusal}
     if not alive:
         outcome["status"] = "failed"
         outcome["failure"] = {"kind": "died", "reason": "the server died during the load levels",
@@ -107,32 +114,88 @@ def run_trial(
     return outcome
 
 
+def preflight(base_url: str, plan: TrialPlan, probes: int = 2) -> dict | None:
+    """Check the workload against the running server before any level: every request of the plan must fit
+    the server's max-model-len (`RequestSpec.min_model_len`), and the `probes` longest are sent for real
+    and must come back whole. Returns the failure (kind `rejects_workload`) naming how much of the
+    workload the config rejects, or None."""
+    requests = [r for s in plan.level_sets for r in s]
+    try:
+        model_len = httpx.post(f"{base_url}/tokenize", json={"model": plan.model, "prompt": "fit"},
+                               timeout=60).json()["max_model_len"]
+        over = [r for r in requests if r.min_model_len > model_len]
+        if over:
+            return _rejects(len(over), len(requests), f"they need max-model-len up to "
+                            f"{max(r.min_model_len for r in over)}, the server has {model_len}")
+        for r in sorted(requests, key=lambda r: r.min_model_len)[-probes:]:
+            problem = _probe(base_url, plan, r)
+            if problem:
+                return _rejects(1, probes, f"the server {problem} (it needs {r.min_model_len} of {model_len} tokens)")
+    except httpx.HTTPError as e:
+        return {"kind": "exited", "reason": f"the server stopped answering before the first level: {e}"}
+    return None
+
+
+def _rejects(n: int, total: int, why: str) -> dict:
+    return {"kind": "rejects_workload", "reason": f"config rejects {100 * n / total:.1f}% of the workload "
+            f"({n} of {total} requests): {why}", "rejected_fraction": n / total}
+
+
+def _probe(base_url: str, plan: TrialPlan, request: RequestSpec) -> str | None:
+    """Send one request for real, whole; why the server did not serve it as asked, or None."""
+    if plan.workload.endpoint == "chat":
+        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": request.prompt}],
+                                              "max_completion_tokens": request.output_len}
+    else:
+        path, body = "/v1/completions", {"prompt": request.prompt, "max_tokens": request.output_len}
+    response = httpx.post(base_url + path, json={"model": plan.model, "ignore_eos": True, **body}, timeout=600)
+    if response.status_code != 200:
+        return f"refused a {request.prompt_len}-token prompt: HTTP {response.status_code} {response.text[:200]}"
+    got = response.json()["usage"]["completion_tokens"]
+    if got < request.output_len:
+        return f"cut a reply to {got} of {request.output_len} tokens"
+    return None
+
+
 def _measure(plan, engine, out_dir, outcome, on_level, on_record) -> None:
     target = Target(engine.base_url, plan.model, plan.workload.endpoint)
 
-    def level(name: str, rate: float, warmup: int = 0) -> dict:
-        requests = plan.level_sets[len(outcome["levels"]) % len(plan.level_sets)]
-        n = level_size(plan, rate, len(requests) - warmup)
+    def level(name: str, rate: float, warmup: int = 0, seed: int | None = None) -> dict:
+        index = len(outcome["levels"])
+        requests = plan.level_sets[index % len(plan.level_sets)]
+        n = len(requests) - plan.warmup_requests if plan.fixed_levels else level_size(plan, rate, len(requests) - warmup)
         if name == "capacity" and plan.objective == "goodput":  # only an upper bound for the rate search
             n = min(n, 3 * plan.min_level_requests)
-        if on_level:
-            on_level(name, rate, n + warmup)
-        _reset_prefix_cache(engine.base_url)
-        result = measure_level(
-            target, requests[: n + warmup], request_rate=rate, burstiness=plan.workload.burstiness,
-            max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup,
-            seed=len(outcome["levels"]), on_record=on_record,
-            should_stop=saturation_check(plan.slo, rate, n) if math.isfinite(rate) else None,
-        )
-        index = len(outcome["levels"])
+        for attempt in range(2):  # a level the client could not send on time is sent once more
+            if on_level:
+                on_level(name, rate, n + warmup)
+            _reset_prefix_cache(engine.base_url)
+            result = measure_level(
+                target, requests[: n + warmup], request_rate=rate, burstiness=plan.workload.burstiness,
+                max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup,
+                seed=index if seed is None else seed, on_record=on_record,
+                should_stop=saturation_check(plan.slo, rate, n) if math.isfinite(rate) else None,
+            )
+            if not result.metrics.get("client_lagging"):
+                break
         records = out_dir / f"level-{index:02d}.records.jsonl"
         result.load.save(records)
-        reasons = level_verdict(result.metrics, plan.slo)
-        entry = {"name": name, "rate": rate, "passed": not reasons, "reasons": reasons, "metrics": result.metrics,
-                 "server": result.server, "records": records.name}
+        short = sum(1 for r in result.load.records
+                    if r.ok and not r.warmup and r.output_tokens is not None and r.output_tokens < r.expected_output_len)
+        reasons = level_verdict(result.metrics, plan.slo, short)
+        entry = {"name": name, "rate": rate, "seed": index if seed is None else seed, "passed": not reasons,
+                 "reasons": reasons, "metrics": result.metrics, "server": result.server, "records": records.name,
+                 "rejected": rejected_requests(result.metrics) + short, "attempts": attempt + 1}
         outcome["levels"].append(entry)
         return entry
 
+    if plan.fixed_levels:  # confirmation: every (rate, seed) as given, the first with warm-up requests
+        for i, (rate, seed) in enumerate(plan.fixed_levels):
+            if not engine.alive():
+                break
+            level("confirm", rate, warmup=plan.warmup_requests if i == 0 else 0, seed=seed)
+        outcome["status"] = "ok"
+        return
     capacity = level("capacity", math.inf, warmup=plan.warmup_requests)
     outcome["request_throughput"] = capacity["metrics"]["request_throughput"]
     outcome["status"] = "ok"
@@ -151,6 +214,7 @@ def _measure(plan, engine, out_dir, outcome, on_level, on_record) -> None:
     outcome["p99_ttft_ms"] = decisive["metrics"]["p99_ttft_ms"]
     outcome["p99_tpot_ms"] = decisive["metrics"]["p99_tpot_ms"]
     outcome["preemptions"] = sum((lv["server"] or {}).get("num_preemptions", 0) for lv in outcome["levels"])
+    outcome["rejected_requests"] = sum(lv["rejected"] for lv in outcome["levels"])
 
 
 def _reset_prefix_cache(base_url: str) -> None:

