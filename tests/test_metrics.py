@@ -5,19 +5,27 @@ import math
 import pytest
 
 from servetune.loadgen.records import LoadResult, RequestRecord
-from servetune.metrics import keep_up_ratio, steady_request_rate, summarize
+from servetune.metrics import (
+    LATE_MS,
+    SCHEDULE_LAG_BOUND_MS,
+    keep_up_ratio,
+    schedule_lag_ms,
+    steady_request_rate,
+    summarize,
+)
 
 MS = 1_000_000
 
 
 def rec(index, start_ms, chunks_ms=(), end_ms=None, tokens=None, prompt_tokens=None, *,
-        lag_ms=0, error=None, warmup=False, prompt_len=7):
+        lag_ms=0, slot_freed_ms=None, error=None, warmup=False, prompt_len=7):
     """A record whose times are given in ms from the level's origin."""
     chunk_ns = [round(c * MS) for c in chunks_ms]
     end = end_ms if end_ms is not None else (chunks_ms[-1] if chunks_ms else start_ms)
     return RequestRecord(
         index=index, prompt_len=prompt_len, expected_output_len=16, warmup=warmup,
         scheduled_ns=round((start_ms - lag_ms) * MS), start_ns=round(start_ms * MS), chunk_ns=chunk_ns,
+        slot_freed_ns=0 if slot_freed_ms is None else round(slot_freed_ms * MS),
         end_ns=round(end * MS), output_tokens=tokens, prompt_tokens=prompt_tokens, error=error,
         http_status=None if error and error.startswith("connect") else 200)
 
@@ -75,6 +83,36 @@ def test_latency_distributions(mixed):
     assert s["median_e2el_ms"] == pytest.approx(150)
     # schedule lag over every sent timed request: 1, 2, 3, 5, 4 ms
     assert s["p99_schedule_lag_ms"] == pytest.approx(4.96)
+    assert (s["late_requests"], s["client_lagging"]) == (0, False)
+
+
+def test_waiting_for_a_concurrency_slot_is_not_lag():
+    # due at 0, slot freed at 700, sent at 703: 3 ms late; no wait, due at 100, sent at 100.5: 0.5 ms;
+    # a slot freed before the due time does not count: due at 200, freed at 150, sent at 260: 60 ms
+    records = [rec(0, 703, (800,), tokens=1, lag_ms=703, slot_freed_ms=700),
+               rec(1, 100.5, (200,), tokens=1, lag_ms=0.5),
+               rec(2, 260, (300,), tokens=1, lag_ms=60, slot_freed_ms=150)]
+    assert [schedule_lag_ms(r) for r in records] == pytest.approx([3, 0.5, 60])
+    s = summarize(level(records))
+    assert s["p99_schedule_lag_ms"] == pytest.approx(58.86)  # rank 0.99 * 2 = 1.98: 3 + 0.98 * (60 - 3)
+    assert s["late_requests"] == 0
+
+
+def test_late_requests_and_a_lagging_client():
+    assert (LATE_MS, SCHEDULE_LAG_BOUND_MS) == (100, 50)
+    # lags 0, 1, ..., 99 ms and one of 100 ms (exactly LATE_MS: not late), 101 and 250 ms (late), and a
+    # cancelled request 400 ms late (sent, so it counts)
+    lags = [*range(100), 100, 101, 250]
+    records = [rec(i, 1000 + i, (1100 + i,), tokens=1, lag_ms=lag) for i, lag in enumerate(lags)]
+    records.append(rec(103, 1500, (), 1510, lag_ms=400, error="cancelled"))
+    s = summarize(level(records))
+    assert s["late_requests"] == 3
+    # 104 lags, p99 at rank 0.99 * 103 = 101.97: between 101 (rank 101) and 250 (rank 102)
+    assert s["p99_schedule_lag_ms"] == pytest.approx(101 + 0.97 * 149)
+    assert s["client_lagging"] is True
+    on_time = summarize(level([rec(i, 1000 + i, (1100 + i,), tokens=1, lag_ms=i % 50) for i in range(100)]))
+    assert on_time["p99_schedule_lag_ms"] == pytest.approx(49)
+    assert (on_time["late_requests"], on_time["client_lagging"]) == (0, False)
 
 
 def test_goodput_needs_every_slo(mixed):

@@ -13,6 +13,8 @@ class RequestRecord:
 
     `chunk_ns` holds the arrival time of every SSE event whose `choices` list is non-empty (vLLM's
     rule, so chat's leading role-only delta counts), taken when its bytes arrived, before parsing.
+    `scheduled_ns` is when the request was due; `slot_freed_ns`, when the `max_concurrency` slot it waited
+    for freed (0 if it did not wait): the request was free to go at the later of the two.
     `error` is `"<kind>: <detail>"` (kinds: `http_<status>`, `connect`, `timeout`, `disconnect`,
     `stream`, `client`, `cancelled`); None means the request succeeded.
     """
@@ -22,6 +24,7 @@ class RequestRecord:
     expected_output_len: int
     warmup: bool
     scheduled_ns: int
+    slot_freed_ns: int = 0
     start_ns: int = 0
     chunk_ns: list[int] = field(default_factory=list)
     end_ns: int = 0
