@@ -96,6 +96,17 @@ def test_max_concurrency_is_respected(slow):
     assert max(np.cumsum([e for _, e in events])) <= 3
 
 
+def test_waiting_for_a_slot_is_not_schedule_lag(slow):
+    """All due at once, one slot: each request waits for the one before it, and its lag counts from the
+    moment that one freed its slot."""
+    result = run_load_sync(Target(slow, "m"), specs(6, output_len=4), max_concurrency=1)
+    first, *rest = result.records
+    assert first.slot_freed_ns == 0
+    for before, r in zip(result.records, rest):
+        assert before.end_ns <= r.slot_freed_ns <= r.start_ns  # freed by the one before, then sent
+        assert r.start_ns - r.scheduled_ns > 15_000_000  # queued behind 4-token streams at 5 ms a token
+
+
 def test_errors_are_recorded_not_raised(fast):
     faults = ["fake:status=500", "fake:close_after=3", "fake:error_after=2"]
     result = run_load_sync(Target(fast, "m"), [RequestSpec(f, 1, 8) for f in faults] + specs(2))

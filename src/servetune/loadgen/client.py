@@ -36,7 +36,7 @@ class Target:
 class Client:
     """One aiohttp session (unlimited keep-alive connections) shared by every request.
 
-    Use as `async with Client(target) as client: await client.send(spec, record)`.
+    Use as `async with Client(target) as client: await client.send(client.body(spec), record)`.
     """
 
     def __init__(self, target: Target, request_timeout_s: float = 600.0) -> None:
@@ -60,7 +60,8 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self._session.close()
 
-    def _body(self, spec: RequestSpec) -> bytes:
+    def body(self, spec: RequestSpec) -> bytes:
+        """The JSON request body for `spec` (built before the timed part, off the send path)."""
         if self._target.endpoint == "chat":
             messages = [{"role": "user", "content": spec.prompt}]
             body = {"messages": messages, "max_completion_tokens": spec.output_len}
@@ -68,10 +69,9 @@ class Client:
             body = {"prompt": spec.prompt, "max_tokens": spec.output_len}
         return json.dumps({"model": self._target.model, **body, **_SAMPLING}).encode()
 
-    async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
-        """Send `spec` and fill `record` in place. Never raises, except to pass on cancellation:
+    async def send(self, body: bytes, record: RequestRecord) -> None:
+        """POST `body` and fill `record` in place. Never raises, except to pass on cancellation:
         a cancelled request is recorded with error "cancelled" and its partial timestamps."""
-        body = self._body(spec)
         record.start_ns = perf_counter_ns()
         try:
             async with self._session.post(self._url, data=body, headers=self._headers) as resp:

