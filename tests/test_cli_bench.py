@@ -39,6 +39,7 @@ def test_bench_against_a_running_server(vllm_server, tmp_path):
                 "p90_e2el_ms", "request_goodput", "steady_request_rate"):
         assert isinstance(result[key], float) and result[key] > 0, key
     assert result["server_metrics"]["generation_tokens"] >= 40 * 16
+    assert isinstance(result["late_requests"], int) and isinstance(result["client_lagging"], bool)
     records = out.with_suffix(".records.jsonl").read_text().splitlines()
     assert len(records) == 41  # header + one line per request
     assert "request throughput" in proc.stderr  # the summary table
@@ -120,3 +121,23 @@ def test_http_errors_are_kept_in_the_records_and_fail_the_run(tiny_model, tmp_pa
     assert "requests failed" in error_line(proc)
     result = json.loads(out.read_text())
     assert result["failed"] >= 1 and any(k.startswith("http_500") for k in result["errors"])
+
+
+def test_a_client_behind_its_schedule_is_flagged(tiny_model, tmp_path):
+    """2,000 requests due at once: aiohttp needs far more than SCHEDULE_LAG_BOUND_MS to send them all, so the
+    level measures the client; the table, the JSON and a warning line say so."""
+    fake = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fake_server.py")), "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(fake.stdout.readline().split()[1])
+        out = tmp_path / "o.json"
+        proc = run("bench", "--base-url", f"http://127.0.0.1:{port}", "--model", "fake", "--tokenizer",
+                   str(tiny_model), "--input-len", "4", "--output-len", "1", "--num-prompts", "2000",
+                   "--request-rate", "inf", "--json", str(out))
+    finally:
+        fake.kill()
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["client_lagging"] is True and result["p99_schedule_lag_ms"] > 50
+    assert "client lagging" in proc.stderr  # the table
+    assert "warning: the client fell behind its schedule" in proc.stderr

@@ -2,6 +2,8 @@
 
 import json
 import sys
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -9,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from servetune import __version__
@@ -44,9 +46,25 @@ def one_line_errors():
         fail(str(e))
 
 
-def progress_bar() -> Progress:
+def progress_bar(auto_refresh: bool = True) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=False)
+                    console=console, transient=False, auto_refresh=auto_refresh)
+
+
+def count_records(bar: Progress, task: TaskID, redraw_s: float = 0.25) -> Callable[[object], None]:
+    """An `on_record` that advances `task` and redraws a bar made with auto_refresh=False at most every
+    `redraw_s`, from the event loop's own thread. Rich's refresh thread would take the GIL ten times a
+    second; when the kernel preempts it holding the GIL beside a busy server, the real-time event loop
+    waits for it."""
+    last = [0.0]
+
+    def on_record(record: object) -> None:
+        bar.advance(task)
+        if (now := time.monotonic()) - last[0] >= redraw_s:
+            last[0] = now
+            bar.refresh()
+
+    return on_record
 
 
 SloOption = Annotated[list[str], typer.Option("--slo", help="An SLO, e.g. ttft_p99_ms=1000 (repeatable).")]
@@ -76,6 +94,8 @@ def _summary_table(title: str, metrics: dict, server: dict | None) -> Table:
         ("TPOT mean / p99 (ms)", f"{metrics['mean_tpot_ms']:.2f} / {metrics['p99_tpot_ms']:.2f}"),
         ("ITL mean / p99 (ms)", f"{metrics['mean_itl_ms']:.2f} / {metrics['p99_itl_ms']:.2f}"),
         ("E2EL mean / p99 (ms)", f"{metrics['mean_e2el_ms']:.1f} / {metrics['p99_e2el_ms']:.1f}"),
+        ("schedule lag p99 (ms) / late", f"{metrics['p99_schedule_lag_ms']:.1f} / {metrics['late_requests']}"
+                                         + (" [bold red]client lagging[/]" if metrics["client_lagging"] else "")),
     ]
     if metrics.get("request_goodput") is not None:
         rows.append(("goodput (req/s)", f"{metrics['request_goodput']:.2f}"))
@@ -88,6 +108,17 @@ def _summary_table(title: str, metrics: dict, server: dict | None) -> Table:
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def lagging_warning(metrics: dict) -> str:
+    """One line saying that a level measured the client, not the server."""
+    from servetune.metrics import LATE_MS, SCHEDULE_LAG_BOUND_MS
+
+    return (f"[bold yellow]warning:[/] the client fell behind its schedule: p99 schedule lag "
+            f"{metrics['p99_schedule_lag_ms']:.0f} ms > {SCHEDULE_LAG_BOUND_MS:g} ms, {metrics['late_requests']} "
+            f"requests sent more than {LATE_MS:g} ms late; these numbers measure the client, not the server "
+            f"(servetune's event loop takes real-time priority where allowed: run it as root or with "
+            f"CAP_SYS_NICE, or give it a CPU of its own)")
 
 
 @app.command()
@@ -149,13 +180,15 @@ def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, i
     def run(url: str) -> dict:
         target = Target(url, model, spec.endpoint)
         check_server(target)
-        with progress_bar() as bar:
+        with progress_bar(auto_refresh=False) as bar:
             task = bar.add_task("requests", total=len(requests))
             level = measure_level(target, requests, request_rate=spec.request_rate, burstiness=spec.burstiness,
                                   max_concurrency=spec.max_concurrency, warmup_requests=warmup, seed=spec.seed,
-                                  goodput_slo=slo or None, on_record=lambda r: bar.advance(task))
+                                  goodput_slo=slo or None, on_record=count_records(bar, task))
         level.load.save(json_out.with_suffix(".records.jsonl"))
         console.print(_summary_table(f"servetune bench: {model}", level.metrics, level.server))
+        if level.metrics["client_lagging"]:
+            console.print(lagging_warning(level.metrics), highlight=False, soft_wrap=True)
         return level.metrics | {"server_metrics": level.server}
 
     if launch:
