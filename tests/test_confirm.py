@@ -131,3 +131,24 @@ def test_when_no_pick_holds_the_defaults_are_recommended(tmp_path):
 def test_next_rates_are_the_claim_and_where_the_search_saw_a_failure():
     assert next_rates(row(0, "default", 5.0, 6.0)) == [5.0, 6.0]
     assert next_rates(row(0, "default", 0.0, 2.0)) == [2.0]  # nothing held: only where it failed
+
+
+def test_keep_up_is_judged_over_the_runs_together(tmp_path):
+    # one run of 60 requests that completed 94% of its arrivals in its steady window is Poisson noise when the
+    # other two kept up: the three together, like one long level, keep up; three such runs do not
+    from servetune.confirm import rate_result
+
+    def levels(ratios):
+        out = []
+        for seed, ratio in enumerate(ratios):
+            load = synthetic_level(5.0, 60, 10.0)
+            load.save(tmp_path / f"l{seed}.jsonl")
+            out.append({"seed": seed, "passed": True, "reasons": [], "records": f"l{seed}.jsonl",
+                        "metrics": summarize(load) | {"keep_up_ratio": ratio}})
+        return out
+
+    opts = ConfirmOptions(requests=60, seeds=3, bootstrap=100)
+    rng = np.random.default_rng(0)
+    assert rate_result(5.0, levels([0.94, 1.0, 1.0]), tmp_path, SLO, opts, rng)["passed"]
+    behind = rate_result(5.0, levels([0.94, 0.94, 0.94]), tmp_path, SLO, opts, rng)
+    assert not behind["passed"] and behind["reasons"] == ["fell behind: completed 94% of arrivals over 3 runs"]

@@ -17,7 +17,7 @@ import numpy as np
 from servetune.executors import Executor, Job
 from servetune.loadgen import LoadResult, RequestRecord
 from servetune.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
-from servetune.search.objective import SLO_METRICS, level_verdict
+from servetune.search.objective import KEEP_UP_FRACTION, SLO_METRICS, level_verdict
 from servetune.trial import TrialPlan
 
 # SLO name -> the per-request values its p99 is taken over (ITL: every gap of every request)
@@ -65,12 +65,17 @@ def p99_ci(per_request: Sequence[Sequence[float]], draws: int, confidence: float
 
 def rate_result(rate: float, levels: list[dict], out_dir: Path, slo: dict[str, float],
                 opts: ConfirmOptions, rng: np.random.Generator) -> dict:
-    """The runs at one rate, pooled: passed when every run kept up without failures and every pooled p99
-    is within its SLO; `marginal` when an interval reaches past its SLO."""
+    """The runs at one rate, pooled: passed when no run lost requests or was cut short, the runs kept up
+    together (mean keep-up ratio, as one long level would) and every pooled p99 is within its SLO;
+    `marginal` when an interval reaches past its SLO."""
     records = [r for lv in levels for r in LoadResult.load(out_dir / lv["records"]).records if r.ok and not r.warmup]
     p99 = {name: p99_ci([PER_REQUEST[name](r) for r in records], opts.bootstrap, opts.confidence, rng)
            for name in slo}
-    problems = [f"seed {lv['seed']}: {reason}" for lv in levels for reason in level_verdict(lv["metrics"], {})]
+    problems = [f"seed {lv['seed']}: {reason}" for lv in levels
+                for reason in level_verdict(lv["metrics"], {}, keep_up=False)]
+    kept_up = float(np.mean([lv["metrics"].get("keep_up_ratio") or 0.0 for lv in levels])) if levels else 0.0
+    if kept_up < KEEP_UP_FRACTION:
+        problems.append(f"fell behind: completed {100 * kept_up:.0f}% of arrivals over {len(levels)} runs")
     problems += [f"pooled {name} {p['value']:.1f} > {slo[name]:g}" if p["value"] is not None
                  else f"no {name} measured" for name, p in p99.items() if p["value"] is None or p["value"] > slo[name]]
     if len(levels) < opts.seeds:
@@ -165,10 +170,19 @@ class Confirmation:
             "requests_per_run": self.opts.requests, "seeds": self.opts.seeds, "confidence": self.opts.confidence,
             "bootstrap_draws": self.opts.bootstrap, "default": default_result, "candidates": tried,
             "verdict": "confirmed" if stands else ("not confirmed" if tried else "defaults"),
-            "reason": verdict[1] if verdict else "the search found no config that beat the defaults",
+            "reason": verdict[1] if verdict else "the search found no config that beat the defaults" + _held(default_result),
             "recommended_trial": pick["trial"], "recommended_goodput_rate": pick["confirmed_rate"],
             "default_goodput_rate": default_result["confirmed_rate"],
         }
+
+
+def _held(default: dict) -> str:
+    """What the defaults' own confirmation says about their claimed rate."""
+    if default["confirmed_rate"] is not None or not default["rates"]:
+        return ""
+    first = default["rates"][0]
+    return (f"; the defaults did not hold their claimed {first['rate']:.2f} req/s ({'; '.join(first['reasons'][:2])}): "
+            "their goodput lies below it")
 
 
 def next_rates(row: dict) -> list[float]:

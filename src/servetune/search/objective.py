@@ -30,12 +30,13 @@ def rejected_requests(metrics: Mapping) -> int:
     return sum(n for kind, n in (metrics.get("errors") or {}).items() if kind.startswith("http_4"))
 
 
-def level_verdict(metrics: Mapping, slo: Mapping[str, float], short_replies: int = 0) -> list[str]:
+def level_verdict(metrics: Mapping, slo: Mapping[str, float], short_replies: int = 0, keep_up: bool = True) -> list[str]:
     """Why a level fails its SLOs (empty when it meets them all). A level must also keep up: finish its
     requests without errors and, in its steady part, complete >= 95% as many requests as arrive
     (metrics.keep_up_ratio); an overloaded level can meet latency SLOs while its queue is still filling.
     Requests the config rejects, replies cut short of max_tokens and a client that fell behind its own
-    schedule (`client_lagging`) are named apart from server-side failures."""
+    schedule (`client_lagging`) are named apart from server-side failures. `keep_up=False` leaves the keep-up
+    check to the caller (confirmation pools it over several runs)."""
     reasons = [f"{name} {metrics[SLO_METRICS[name]]:.1f} > {bound:g}"
                for name, bound in slo.items() if metrics[SLO_METRICS[name]] > bound]
     rejected = rejected_requests(metrics)
@@ -51,7 +52,7 @@ def level_verdict(metrics: Mapping, slo: Mapping[str, float], short_replies: int
     if metrics.get("stopped_early"):
         reasons.append("cut short: saturated")
     ratio = metrics.get("keep_up_ratio")
-    if math.isfinite(metrics["offered_request_rate"]) and (ratio is None or ratio < KEEP_UP_FRACTION):
+    if keep_up and math.isfinite(metrics["offered_request_rate"]) and (ratio is None or ratio < KEEP_UP_FRACTION):
         steady = metrics.get("steady_request_rate") or 0.0
         reasons.append(f"fell behind: completed {100 * (ratio or 0):.0f}% of arrivals "
                        f"({steady:.2f} of {metrics['offered_request_rate']:.2f} req/s)")
