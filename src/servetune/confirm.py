@@ -133,10 +133,16 @@ class Confirmation:
         results: list[dict | None] = [None] * len(jobs)
         pending = list(enumerate(jobs))
         running: list[tuple[int, Future]] = []
+        announced: set[int] = set()
         while pending or running:
-            while pending and (future := self.executor.submit(pending[0][1][0])) is not None:
-                index, (job, rates) = pending.pop(0)
-                self.hooks.confirm_started(job.number, job.config, rates, self.opts)
+            while pending:
+                index, (job, rates) = pending[0]
+                if index not in announced:  # before submit: an in-process executor runs the job inside it
+                    self.hooks.confirm_started(job.number, job.config, rates, self.opts)
+                    announced.add(index)
+                if (future := self.executor.submit(job)) is None:
+                    break
+                pending.pop(0)
                 running.append((index, future))
             index, future = running.pop(0)
             job, rates = jobs[index]
