@@ -217,12 +217,15 @@ def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, i
 
 
 class TuneProgress:
-    """Rich bars for the tuner: one over trials, one over the requests of the current load level."""
+    """Rich bars for the tuner: one over trials, one over the requests of the current load level. The bar is
+    made with auto_refresh=False and redrawn from the load generator's thread (`count_records`), so no Rich
+    thread competes with the real-time event loop during a level."""
 
     def __init__(self, bar: Progress, budget: int, levels: bool = True):
         self.bar = bar
         self.trials = bar.add_task("trials", total=budget)
         self.level = bar.add_task("level", total=1, visible=False)
+        self.record = count_records(bar, self.level)
         self.levels = levels  # one trial at a time: its load levels are shown too
         self.running: list[int] = []
 
@@ -285,9 +288,7 @@ class TuneProgress:
 
     def level_started(self, name: str, rate: float, n: int) -> None:
         self.bar.update(self.level, description=f"{name} @ {rate:.2f} req/s", total=n, completed=0)
-
-    def record(self, record) -> None:
-        self.bar.advance(self.level)
+        self.bar.refresh()
 
 
 def _result_table(summary: dict) -> Table:
@@ -312,7 +313,7 @@ def _tune(opts) -> dict:
     from servetune.study import default_storage
     from servetune.tune import tune as run_tune
 
-    with progress_bar() as bar:
+    with progress_bar(auto_refresh=False) as bar:
         levels = runs_inline(opts.parallel, opts.ray_address)
         summary = run_tune(opts, TuneProgress(bar, opts.budget, levels=levels))
     report = write_report(opts.storage or default_storage(opts.out), opts.out)
