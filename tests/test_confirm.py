@@ -109,6 +109,7 @@ def test_a_pick_that_holds_where_the_defaults_fail_is_confirmed(tmp_path):
     p99 = held["p99"]["tpot_p99_ms"]
     assert p99["ci_low"] <= p99["value"] <= p99["ci_high"] <= SLO["tpot_p99_ms"]
     assert "pooled tpot_p99_ms" in pick["rates"][1]["reasons"][-1]
+    assert not held["marginal"] and not pick["rates"][1]["marginal"]  # both intervals clear of the SLO
     # every run had its own fresh prompt set
     assert sum(len(j.plan.level_sets) for j in executor.jobs) == 2 * 3 + 3 * 3
 

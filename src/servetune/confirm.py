@@ -67,7 +67,7 @@ def rate_result(rate: float, levels: list[dict], out_dir: Path, slo: dict[str, f
                 opts: ConfirmOptions, rng: np.random.Generator) -> dict:
     """The runs at one rate, pooled: passed when no run lost requests or was cut short, the runs kept up
     together (mean keep-up ratio, as one long level would) and every pooled p99 is within its SLO;
-    `marginal` when an interval reaches past its SLO."""
+    `marginal` when an interval straddles its SLO (the verdict could go either way)."""
     records = [r for lv in levels for r in LoadResult.load(out_dir / lv["records"]).records if r.ok and not r.warmup]
     p99 = {name: p99_ci([PER_REQUEST[name](r) for r in records], opts.bootstrap, opts.confidence, rng)
            for name in slo}
@@ -86,7 +86,7 @@ def rate_result(rate: float, levels: list[dict], out_dir: Path, slo: dict[str, f
                                 "request_throughput": lv["metrics"]["request_throughput"],
                                 **{SLO_METRICS[n]: lv["metrics"][SLO_METRICS[n]] for n in slo}} for lv in levels],
         "requests": len(records), "p99": p99, "passed": not problems, "reasons": problems,
-        "marginal": any(p["ci_high"] is not None and p["ci_high"] > slo[n] for n, p in p99.items()),
+        "marginal": any(p["ci_low"] is not None and p["ci_low"] <= slo[n] < p["ci_high"] for n, p in p99.items()),
     }
 
 
