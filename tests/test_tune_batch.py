@@ -70,7 +70,7 @@ def options(model, tmp_path, storage: str, budget: int) -> TuneOptions:
     # a TTFT SLO: the warm start is the single anchor (a TPOT/ITL SLO starts the chunk ladder instead)
     return TuneOptions(model=str(model), workload=workload, out=tmp_path / "out", slo={"ttft_p99_ms": 500},
                        strategy="optuna", budget=budget, storage=storage, level_requests=20, max_levels=1,
-                       parallel=2)
+                       parallel=2, confirm=None)  # the search loop alone (tests/test_confirm.py: confirmation)
 
 
 def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_model, tmp_path):
