@@ -29,7 +29,7 @@ def test_bpe_chat_counts_the_rendered_template(llama3_tokenizer_dir):
         text = tokenizer.apply_chat_template([{"role": "user", "content": r.prompt}], add_generation_prompt=True,
                                              tokenize=False)
         tokens = len(tokenizer(text, add_special_tokens=False).input_ids)
-        assert served_prompt(tokenizer, r.prompt, "chat") == (tokens, len(text))
+        assert served_prompt(tokenizer, r, "chat") == (tokens, len(text))
         assert r.min_model_len == tokens + r.output_len and tokens > r.prompt_len  # the template's own tokens
 
 

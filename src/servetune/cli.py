@@ -103,6 +103,10 @@ def _summary_table(title: str, metrics: dict, server: dict | None) -> Table:
         rows.append(("steady completion rate (req/s)", f"{metrics['steady_request_rate']:.2f}"))
     if server is not None:
         rows.append(("preemptions", f"{server.get('num_preemptions', 0):.0f}"))
+        if server.get("prefix_cache_hit_rate") is not None:
+            rows.append(("prefix cache hit rate", f"{server['prefix_cache_hit_rate']:.1%}"))
+    for turn, m in metrics.get("per_turn", {}).items():
+        rows.append((f"turn {turn}: input tokens / TTFT p99 (ms)", f"{m['mean_input_tokens']:.0f} / {m['p99_ttft_ms']:.1f}"))
     if metrics["errors"]:
         rows.append(("errors", ", ".join(f"{k}: {v}" for k, v in metrics["errors"].items())))
     for name, value in rows:

@@ -137,6 +137,22 @@ def _distribution(name: str, values: Sequence[float], percentiles: Sequence[floa
     return out
 
 
+def per_turn(records: Sequence[RequestRecord]) -> dict[str, dict]:
+    """Multi-turn sessions: for each turn number (0 first, keys as strings), the successful timed requests'
+    `completed`, `mean_input_tokens`, mean/p99 `ttft_ms` and `tpot_ms`; {} when no record is a session turn."""
+    turns: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.session is not None and not r.warmup and r.ok:
+            turns.setdefault(r.turn, []).append(r)
+    out = {}
+    for turn, ok in sorted(turns.items()):
+        tpots = [t for t in map(tpot_ms, ok) if t is not None]
+        out[str(turn)] = {"completed": len(ok), "mean_input_tokens": float(np.mean([input_tokens(r) for r in ok])),
+                          **_distribution("ttft_ms", [ttft_ms(r) for r in ok], (99,)),
+                          **_distribution("tpot_ms", tpots, (99,))}
+    return out
+
+
 def summarize(
     result: LoadResult,
     goodput_slo: Mapping[str, float] | None = None,
@@ -153,6 +169,7 @@ def summarize(
     is 0); `request_goodput` is None without SLOs.
     servetune fields: `offered_request_rate`, `burstiness`, `max_concurrency`, `stopped_early`,
     `errors` (timed requests by error kind; `cancelled` ones are not `failed`),
+    `per_turn` (multi-turn sessions only: `per_turn`),
     `p99_schedule_lag_ms` (`schedule_lag_ms` of every sent timed request), `late_requests` (those more than
     LATE_MS late), `client_lagging` (p99 schedule lag above SCHEDULE_LAG_BOUND_MS: the level measured the
     client, not the server), `steady_request_rate` and `keep_up_ratio`.
@@ -203,4 +220,6 @@ def summarize(
         "steady_request_rate": steady_request_rate(result),
         "keep_up_ratio": keep_up_ratio(result),
     }
+    if turns := per_turn(result.records):
+        summary["per_turn"] = turns
     return summary

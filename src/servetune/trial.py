@@ -144,7 +144,7 @@ def _rejects(n: int, total: int, why: str) -> dict:
 def _probe(base_url: str, plan: TrialPlan, request: RequestSpec) -> str | None:
     """Send one request for real, whole; why the server did not serve it as asked, or None."""
     if plan.workload.endpoint == "chat":
-        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": request.prompt}],
+        path, body = "/v1/chat/completions", {"messages": request.messages(),
                                               "max_completion_tokens": request.output_len}
     else:
         path, body = "/v1/completions", {"prompt": request.prompt, "max_tokens": request.output_len}

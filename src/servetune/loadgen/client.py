@@ -39,8 +39,9 @@ class Client:
     Use as `async with Client(target) as client: await client.send(client.body(spec), record)`.
     """
 
-    def __init__(self, target: Target, request_timeout_s: float = 600.0) -> None:
+    def __init__(self, target: Target, request_timeout_s: float = 600.0, keep_replies: bool = False) -> None:
         self._target = target
+        self._keep_replies = keep_replies  # record each reply's text (`RequestRecord.reply`), parsed after the stream
         self._url = target.base_url.rstrip("/") + _PATHS[target.endpoint]
         self._headers = {"Content-Type": "application/json"}
         if target.api_key:
@@ -60,11 +61,11 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self._session.close()
 
-    def body(self, spec: RequestSpec) -> bytes:
-        """The JSON request body for `spec` (built before the timed part, off the send path)."""
+    def body(self, spec: RequestSpec, replies: tuple[str, ...] | list[str] = ()) -> bytes:
+        """The JSON request body for `spec` (built before the timed part, off the send path); chat sends the
+        session's history (`RequestSpec.messages`, with `replies` in it) before the prompt."""
         if self._target.endpoint == "chat":
-            messages = [{"role": "user", "content": spec.prompt}]
-            body = {"messages": messages, "max_completion_tokens": spec.output_len}
+            body = {"messages": spec.messages(replies), "max_completion_tokens": spec.output_len}
         else:
             body = {"prompt": spec.prompt, "max_tokens": spec.output_len}
         return json.dumps({"model": self._target.model, **body, **_SAMPLING}).encode()
@@ -80,7 +81,7 @@ class Client:
                     detail = (await resp.read())[:200].decode(errors="replace")
                     record.error = f"http_{resp.status}: {resp.reason} {detail}"
                 else:
-                    await _read_stream(resp.content, record)
+                    await _read_stream(resp.content, record, self._keep_replies)
         except asyncio.CancelledError:
             record.error = "cancelled"
             raise
@@ -96,9 +97,11 @@ class Client:
             record.end_ns = perf_counter_ns()
 
 
-async def _read_stream(content: aiohttp.StreamReader, record: RequestRecord) -> None:
-    """Timestamp each SSE event when its last byte arrives, then parse only what is needed."""
+async def _read_stream(content: aiohttp.StreamReader, record: RequestRecord, keep_reply: bool = False) -> None:
+    """Timestamp each SSE event when its last byte arrives, then parse only what is needed (with `keep_reply`,
+    the token chunks' text after the stream has ended)."""
     chunk_ns = record.chunk_ns
+    kept: list[bytes] = []
     pending = b""
     while data := await content.readany():
         now = perf_counter_ns()
@@ -107,12 +110,22 @@ async def _read_stream(content: aiohttp.StreamReader, record: RequestRecord) -> 
         for event in events:
             if _TOKEN_CHUNK in event and _USAGE not in event:
                 chunk_ns.append(now)
+                if keep_reply:
+                    kept.append(event)
             else:
                 _parse_event(event, now, record)
     if pending.strip():
         _parse_event(pending, perf_counter_ns(), record)
     if record.error is None and not chunk_ns:
         record.error = "stream: no token chunk in a 200 response"
+    if keep_reply:
+        record.reply = "".join(map(_chunk_text, kept))
+
+
+def _chunk_text(event: bytes) -> str:
+    """The text a token chunk carries: chat's `delta.content` or completions' `text`."""
+    choice = json.loads(event.strip()[5:])["choices"][0]
+    return (choice.get("delta") or {}).get("content") or choice.get("text") or ""
 
 
 def _parse_event(event: bytes, now: int, record: RequestRecord) -> None:

@@ -16,7 +16,8 @@ class RequestRecord:
     `scheduled_ns` is when the request was due; `slot_freed_ns`, when the `max_concurrency` slot it waited
     for freed (0 if it did not wait): the request was free to go at the later of the two.
     `error` is `"<kind>: <detail>"` (kinds: `http_<status>`, `connect`, `timeout`, `disconnect`,
-    `stream`, `client`, `cancelled`); None means the request succeeded.
+    `stream`, `client`, `cancelled`); None means the request succeeded. A turn of a multi-turn session
+    has its `session` number and `turn` (0 first), and its `reply` text (kept for the next turn's history).
     """
 
     index: int
@@ -32,6 +33,9 @@ class RequestRecord:
     prompt_tokens: int | None = None
     error: str | None = None
     http_status: int | None = None
+    session: int | None = None
+    turn: int = 0
+    reply: str | None = None
 
     @property
     def ok(self) -> bool:

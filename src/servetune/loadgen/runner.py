@@ -39,37 +39,78 @@ async def run_load(
     are cancelled (recorded with error "cancelled"; those still waiting for a slot are not sent).
     Automatic garbage collection is paused during the timed part, and where the OS permits it the
     event loop's thread runs it at real-time priority (`_realtime`).
+
+    Turns of multi-turn sessions (`RequestSpec.session`) are sent session by session: sessions start on the
+    schedule at `request_rate` x sessions/turns (so turns arrive at about `request_rate`), each sends its
+    turns one after another, a turn `think_s` after the previous reply (its due time), with the model's
+    replies in the history; `max_concurrency` caps the sessions at once (users). A failed turn ends its
+    session: there is no reply to resend.
     """
     n_warmup = min(warmup_requests, len(requests))
-    due_ns = schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(requests) - n_warmup)
+    sessions = _sessions(requests, n_warmup)
+    if sessions:
+        session_rate = request_rate * len(sessions) / (len(requests) - n_warmup)
+        due_ns = schedule_ns(ArrivalProcess(session_rate, burstiness, seed), len(sessions))
+    else:
+        due_ns = schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(requests) - n_warmup)
     slots = _Slots(max_concurrency)
     records: list[RequestRecord] = []
     finished: list[RequestRecord] = []
     stop = asyncio.Event()
 
-    async with Client(target, request_timeout_s) as client:
+    keep_replies = any(spec.model_replies for spec in requests)
+    async with Client(target, request_timeout_s, keep_replies=keep_replies) as client:
         bodies = [client.body(spec) for spec in requests]
 
-        async def send_one(index: int, scheduled_ns: int) -> None:
-            is_warmup = index < n_warmup
-            async with slots as slot_freed_ns:
-                spec = requests[index]
-                record = RequestRecord(index, spec.prompt_len, spec.output_len, is_warmup, scheduled_ns, slot_freed_ns)
-                records.append(record)
-                await client.send(bodies[index], record)
+        def new_record(index: int, scheduled_ns: int, slot_freed_ns: int) -> RequestRecord:
+            spec = requests[index]
+            record = RequestRecord(index, spec.prompt_len, spec.output_len, index < n_warmup, scheduled_ns,
+                                   slot_freed_ns, session=spec.session, turn=spec.turn)
+            records.append(record)
+            return record
+
+        def done(record: RequestRecord) -> None:
             if on_record is not None:
                 on_record(record)
-            if not is_warmup:
+            if not record.warmup:
                 finished.append(record)
                 if should_stop is not None and should_stop(finished):
                     stop.set()
+
+        async def send_one(index: int, scheduled_ns: int) -> None:
+            async with slots as slot_freed_ns:
+                record = new_record(index, scheduled_ns, slot_freed_ns)
+                await client.send(bodies[index], record)
+            done(record)
+
+        async def run_session(number: int, scheduled_ns: int) -> None:
+            async with slots as slot_freed_ns:
+                replies = list(requests[sessions[number][0]].history[1::2])  # turns sent as warm-ups: as planned
+                previous: RequestRecord | None = None
+                for index in sessions[number]:
+                    spec = requests[index]
+                    if previous is not None:
+                        scheduled_ns = previous.end_ns + int(spec.think_s * 1e9)
+                        await _sleep_until(scheduled_ns)
+                    previous = new_record(index, scheduled_ns, slot_freed_ns)
+                    body = client.body(spec, replies) if spec.model_replies else bodies[index]
+                    await client.send(body, previous)
+                    done(previous)
+                    if not previous.ok:
+                        return
+                    replies.append(previous.reply or "")
+                    slot_freed_ns = 0
 
         now = perf_counter_ns()
         await asyncio.gather(*(send_one(i, now) for i in range(n_warmup)))
         with _collector_paused(), _realtime():
             start_ns = perf_counter_ns()
-            schedule = [(start_ns + due, n_warmup + i) for i, due in enumerate(due_ns)]
-            sender = asyncio.create_task(_send_on_schedule(schedule, send_one))
+            if sessions:
+                schedule = [(start_ns + due, i) for i, due in enumerate(due_ns)]
+                sender = asyncio.create_task(_send_on_schedule(schedule, run_session))
+            else:
+                schedule = [(start_ns + due, n_warmup + i) for i, due in enumerate(due_ns)]
+                sender = asyncio.create_task(_send_on_schedule(schedule, send_one))
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait((sender, stopper), return_when=asyncio.FIRST_COMPLETED)
             stopped_early = not sender.done()
@@ -82,6 +123,16 @@ async def run_load(
 
     records.sort(key=lambda r: r.index)
     return LoadResult(records, request_rate, burstiness, max_concurrency, start_ns, end_ns, stopped_early)
+
+
+def _sessions(requests: Sequence[RequestSpec], n_warmup: int) -> list[list[int]]:
+    """The timed requests' indices grouped by session, in order of each session's first turn; [] when
+    they are not session turns."""
+    turns: dict[int, list[int]] = {}
+    for index in range(n_warmup, len(requests)):
+        if requests[index].session is not None:
+            turns.setdefault(requests[index].session, []).append(index)
+    return list(turns.values())
 
 
 def run_load_sync(target: Target, requests: Sequence[RequestSpec], **options) -> LoadResult:

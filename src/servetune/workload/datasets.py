@@ -1,5 +1,6 @@
 """Requests from dataset files: ShareGPT conversations (JSON) or explicit prompts (JSONL)."""
 
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +68,53 @@ def sample_dataset(
     return requests + [requests[i] for i in rng.integers(len(requests), size=count - len(requests))]
 
 
+def sample_conversations(
+    spec: DatasetSpec, tokenizer: "PreTrainedTokenizerBase", rng: np.random.Generator
+) -> Iterator[list[tuple[str, str, int]]]:
+    """ShareGPT conversations in random order (repeating when the file runs out), each as its (human message,
+    gpt reply, reply tokens) turns, cut before the first turn outside `spec`'s length
+    limits or that takes the conversation past `max_total_len` tokens; conversations with no usable turn are
+    skipped."""
+    path = Path(spec.path)
+    try:
+        conversations = _read_turns(path, path.stat().st_mtime_ns)
+    except OSError as e:
+        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not UTF-8 text") from None
+    found = False
+    while True:
+        for i in rng.permutation(len(conversations)):
+            turns, total = [], 0
+            for human, gpt in conversations[i]:
+                prompt_len = len(tokenizer(human, verbose=False).input_ids)
+                reply_len = len(tokenizer(gpt, add_special_tokens=False, verbose=False).input_ids)
+                total += prompt_len + reply_len
+                if not _within_limits(spec, prompt_len, reply_len) or total > spec.max_total_len:
+                    break
+                turns.append((human, gpt, reply_len))
+            if turns:
+                found = True
+                yield turns
+        if not found:
+            raise WorkloadError(f"{path}: no usable conversation (none within the length limits)")
+
+
+@lru_cache(maxsize=2)
+def _read_turns(path: Path, mtime_ns: int) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """Every conversation's consecutive (human, gpt) pairs, from its first human turn."""
+    conversations = _parse_sharegpt(path)
+    result = []
+    for conversation in conversations:
+        turns, pairs = conversation.conversations, []
+        for turn, reply in zip(turns, turns[1:]):
+            if turn.speaker == "human" and reply.speaker == "gpt":
+                pairs.append((turn.value, reply.value))
+        if pairs:
+            result.append(tuple(pairs))
+    return tuple(result)
+
+
 def _within_limits(spec: DatasetSpec, prompt_len: int, output_len: int) -> bool:
     return (
         prompt_len >= spec.min_len
@@ -83,16 +131,19 @@ def _read(path: Path, format: str, mtime_ns: int) -> tuple[tuple[str, str | int]
 
 
 def _read_sharegpt(path: Path) -> tuple[tuple[str, str], ...]:
+    exchanges = (_first_exchange(conversation.conversations) for conversation in _parse_sharegpt(path))
+    return tuple(exchange for exchange in exchanges if exchange is not None)
+
+
+def _parse_sharegpt(path: Path) -> list[_Conversation]:
     try:
-        conversations = _SHAREGPT.validate_json(path.read_bytes())
+        return _SHAREGPT.validate_json(path.read_bytes())
     except ValidationError as e:
         first = e.errors()[0]
         if first["type"] == "json_invalid":
             raise WorkloadError(f"{path}: {first['msg']}") from None
         where = [f"entry {first['loc'][0]}", ".".join(map(str, first["loc"][1:]))] if first["loc"] else []
         raise WorkloadError(": ".join([str(path), *filter(None, where), first["msg"]])) from None
-    exchanges = (_first_exchange(conversation.conversations) for conversation in conversations)
-    return tuple(exchange for exchange in exchanges if exchange is not None)
 
 
 def _first_exchange(turns: list[_Turn]) -> tuple[str, str] | None:

@@ -25,14 +25,13 @@ def max_chars_per_token(tokenizer: "PreTrainedTokenizerBase") -> int:
 
 
 def served_prompt(
-    tokenizer: "PreTrainedTokenizerBase", prompt: str, endpoint: Literal["completions", "chat"]
+    tokenizer: "PreTrainedTokenizerBase", request: RequestSpec, endpoint: Literal["completions", "chat"]
 ) -> tuple[int, int]:
     """(tokens, characters) of the prompt the server tokenizes: the text itself with the tokenizer's special
-    tokens (completions), or the chat template rendered around one user message (chat)."""
+    tokens (completions), or the chat template rendered around the request's messages (chat)."""
     if endpoint == "completions":
-        return len(tokenizer(prompt, verbose=False).input_ids), len(prompt)
-    messages = [{"role": "user", "content": prompt}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return len(tokenizer(request.prompt, verbose=False).input_ids), len(request.prompt)
+    text = tokenizer.apply_chat_template(request.messages(), add_generation_prompt=True, tokenize=False)
     return len(tokenizer(text, add_special_tokens=False, verbose=False).input_ids), len(text)
 
 
@@ -44,7 +43,7 @@ def with_min_model_len(
     per_token = max_chars_per_token(tokenizer)
     result = []
     for r in requests:
-        tokens, chars = served_prompt(tokenizer, r.prompt, endpoint)
+        tokens, chars = served_prompt(tokenizer, r, endpoint)
         result.append(replace(r, min_model_len=max(tokens, -(-chars // per_token)) + r.output_len))
     return result
 

@@ -8,6 +8,7 @@ import numpy as np
 from servetune.workload.datasets import sample_dataset
 from servetune.workload.fit import with_min_model_len
 from servetune.workload.request import RequestSpec
+from servetune.workload.sessions import build_session_turns
 from servetune.workload.spec import WorkloadError, WorkloadSpec
 
 if TYPE_CHECKING:
@@ -37,10 +38,14 @@ def build_requests(
     The same seed gives the same list; another seed gives fresh prompts and prefixes, so the server's
     prefix cache cannot recognise them. `prompt_len` is what the completions endpoint counts (the special
     tokens the tokenizer adds included); the chat endpoint adds the chat template's tokens on top.
-    Request i starts with shared prefix i % prefix.groups. Each request's `min_model_len` is set (`fit`).
+    Request i starts with shared prefix i % prefix.groups. With `sessions`, the requests are the turns of
+    conversations (`workload.sessions`). Each request's `min_model_len` is set (`fit`).
     """
     rng = np.random.default_rng(spec.seed if seed is None else seed)
     count = spec.num_requests if count is None else count
+    if spec.sessions is not None:
+        return with_min_model_len(build_session_turns(spec, tokenizer, _TextSampler(tokenizer, rng), rng, count),
+                                  tokenizer, spec.endpoint)
     if spec.dataset is not None:
         return with_min_model_len(sample_dataset(spec.dataset, tokenizer, count, rng), tokenizer, spec.endpoint)
     texts = _TextSampler(tokenizer, rng)

@@ -106,6 +106,19 @@ class DatasetSpec(_Model):
     max_total_len: PositiveInt = 2048
 
 
+class SessionSpec(_Model):
+    """Multi-turn conversations: each turn's prompt is the whole conversation so far plus a new user message.
+
+    `turns` per conversation (synthetic lengths; with a ShareGPT dataset, at most this many of its turns);
+    `think_time_s` between a reply and the user's next message; `history`: whose replies the later turns
+    resend, the model's own (`model`) or the dataset's (`dataset`, ShareGPT only).
+    """
+
+    turns: LengthDistribution
+    think_time_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    history: Literal["model", "dataset"] = "model"
+
+
 class WorkloadSpec(_Model):
     """A workload: what to send (synthetic lengths or a dataset) and the load shape to send it at."""
 
@@ -119,6 +132,21 @@ class WorkloadSpec(_Model):
     burstiness: float = Field(1.0, gt=0, allow_inf_nan=False)
     max_concurrency: PositiveInt | None = None
     endpoint: Literal["completions", "chat"] = "completions"
+    sessions: SessionSpec | None = None
+
+    @model_validator(mode="after")
+    def _sessions_on_chat(self) -> Self:
+        if self.sessions is None:
+            return self
+        if self.endpoint != "chat":
+            raise ValueError("sessions need endpoint: chat (each turn resends the conversation as chat messages)")
+        if self.prefix is not None:
+            raise ValueError("prefix cannot be combined with sessions (the conversation is the shared prefix)")
+        if self.sessions.history == "dataset" and (self.dataset is None or self.dataset.format != "sharegpt"):
+            raise ValueError("sessions.history: dataset needs a sharegpt dataset (its replies are resent)")
+        if self.dataset is not None and self.dataset.format != "sharegpt":
+            raise ValueError("sessions from a dataset need format sharegpt (conversations with turns)")
+        return self
 
     @model_validator(mode="after")
     def _lengths_from_one_source(self) -> Self:
