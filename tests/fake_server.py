@@ -7,7 +7,10 @@ vLLM does (chat adds a leading role-only delta), then a usage chunk and `data: [
 D = 0 a whole response is written at once; otherwise every open stream advances one token per
 D ms tick, like an engine's decode step. Faults are asked for in the prompt: `fake:status=500`
 answers that status, `fake:close_after=K` aborts the connection after K tokens,
-`fake:error_after=K` ends the stream after K tokens with vLLM's mid-stream error event.
+`fake:error_after=K` ends the stream after K tokens with vLLM's mid-stream error event,
+`fake:end_after=K` ends it cleanly after K tokens (no usage, no `[DONE]`), `fake:stall_after=K` sends K
+tokens and then nothing, keeping the connection open, `fake:hang=1` accepts the request and never answers,
+`fake:malformed=1` streams an event that is not JSON.
 `GET /v1/models` lists the model `fake`; `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
 """
 
@@ -83,12 +86,21 @@ class FakeServer:
         if "status" in faults:
             transport.write(_response(int(faults["status"]), "Injected Fault", {"error": "injected"}))
             return
+        if "hang" in faults:
+            return
+        if "malformed" in faults:
+            transport.write(_HEAD + _chunk(b'{oops') + _DONE + _END)
+            return
         n = req.get("max_tokens") or req.get("max_completion_tokens") or 16
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n,
                  "total_tokens": len(prompt.split()) + n}
         tail = _chunk(json.dumps({"id": "0", "choices": [], "usage": usage}).encode()) + _DONE + _END
         if "error_after" in faults:
             n, tail = int(faults["error_after"]), _ERROR + _DONE + _END
+        elif "end_after" in faults:
+            n, tail = int(faults["end_after"]), _END
+        elif "stall_after" in faults:
+            n, tail = int(faults["stall_after"]), b""
         ticks = [_TOKEN[endpoint]] * n
         ticks[-1] += tail
         if endpoint == "chat":

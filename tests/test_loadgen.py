@@ -127,10 +127,41 @@ def test_connection_refused_is_recorded():
     assert all(r.http_status is None and r.end_ns >= r.start_ns for r in result.records)
 
 
-def test_timeout_keeps_partial_timestamps(slow):
+def test_a_stalled_stream_times_out_and_keeps_partial_timestamps(slow):
+    """No byte for the request timeout: kind `timeout`, after about that long, with the chunks that came."""
+    result = run_load_sync(Target(slow, "m"), specs(1, output_len=8, prompt="fake:stall_after=3"),
+                           request_timeout_s=0.5)
+    (r,) = result.records
+    assert r.error_kind == "timeout" and len(r.chunk_ns) == 3
+    assert 0.5 <= (r.end_ns - r.chunk_ns[-1]) / 1e9 < 2
+
+
+def test_a_slow_stream_that_keeps_sending_does_not_time_out(slow):
+    """400 tokens at 5 ms each take 2 s, far over a 0.2 s stall limit, but a byte comes every 5 ms."""
     result = run_load_sync(Target(slow, "m"), specs(1, output_len=400), request_timeout_s=0.2)
     (r,) = result.records
-    assert r.error_kind == "timeout" and 0 < len(r.chunk_ns) < 400
+    assert r.ok and len(r.chunk_ns) == 400
+
+
+def test_a_server_that_never_answers_times_out(fast):
+    result = run_load_sync(Target(fast, "m"), specs(2, prompt="fake:hang=1"), request_timeout_s=0.5)
+    assert [r.error_kind for r in result.records] == ["timeout", "timeout"]
+    assert all(r.http_status is None and 0.5 <= (r.end_ns - r.start_ns) / 1e9 < 2 for r in result.records)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_stream_that_ends_short_of_max_tokens_fails_as_short(fast, endpoint):
+    """ignore_eos asks for exactly max_tokens: a clean end after 3 of 8 (no usage, no [DONE]) is a failure."""
+    result = run_load_sync(Target(fast, "m", endpoint), specs(1, output_len=8, prompt="fake:end_after=3"))
+    (r,) = result.records
+    assert r.error == "short: the stream ended after 3 of 8 tokens" if endpoint == "completions" else (
+        r.error_kind == "short")
+    assert summarize(result)["errors"] == {"short": 1} and summarize(result)["completed"] == 0
+
+
+def test_a_malformed_event_fails_the_request(fast):
+    result = run_load_sync(Target(fast, "m"), specs(1, prompt="fake:malformed=1"))
+    assert result.records[0].error_kind == "stream"
 
 
 def test_should_stop_cancels_the_rest(slow):

@@ -11,6 +11,18 @@ from servetune.metrics import summarize
 from servetune.workload import RequestSpec
 
 
+# The default request timeout: a server that spent it on nothing but this level's whole workload at this slow
+# a speed would still have answered; a hung server fails each request after it, not after a fixed 600 s.
+STALL_FLOOR_S = 30.0
+SLOW_TOKENS_PER_S = 1000.0
+
+
+def default_request_timeout_s(requests: Sequence[RequestSpec]) -> float:
+    """Seconds without a byte after which a request of this level fails as `timeout`: STALL_FLOOR_S plus
+    every prompt and output token of the level at SLOW_TOKENS_PER_S."""
+    return STALL_FLOOR_S + sum(r.prompt_len + r.output_len for r in requests) / SLOW_TOKENS_PER_S
+
+
 class ServerUnreachable(RuntimeError):
     """The server does not answer, or does not serve the model asked for."""
 
@@ -53,14 +65,17 @@ def measure_level(
     warmup_requests: int = 0,
     seed: int = 0,
     goodput_slo: Mapping[str, float] | None = None,
+    request_timeout_s: float | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     should_stop: Callable[[Sequence[RequestRecord]], bool] | None = None,
 ) -> LevelResult:
-    """Run one level against `target` and summarise it; /metrics is scraped before and after."""
+    """Run one level against `target` and summarise it; /metrics is scraped before and after. A request
+    fails as `timeout` after `request_timeout_s` without a byte (default: `default_request_timeout_s`)."""
     before = _scrape(target.base_url)
     load = run_load_sync(
         target, requests, request_rate=request_rate, burstiness=burstiness, max_concurrency=max_concurrency,
         warmup_requests=warmup_requests, seed=seed, on_record=on_record, should_stop=should_stop,
+        request_timeout_s=request_timeout_s or default_request_timeout_s(requests),
     )
     after = _scrape(target.base_url)
     server = scrape.delta(before, after) if before is not None and after is not None else None

@@ -124,7 +124,8 @@ class Confirmation:
         self.runs += len(levels)
         plan = TrialPlan(self.plan.model, self.plan.workload, self.plan.slo, self.plan.objective, sets,
                          fixed_levels=levels, warmup_requests=self.plan.warmup_requests,
-                         startup_timeout_s=self.plan.startup_timeout_s, engine_env=self.plan.engine_env)
+                         startup_timeout_s=self.plan.startup_timeout_s, engine_env=self.plan.engine_env,
+                         request_timeout_s=self.plan.request_timeout_s)
         tag = "default" if row["role"] == "default" else f"trial-{row['trial']:04d}"
         return Job(row["trial"], row["config"], plan, self.out / "confirm" / tag), rates
 

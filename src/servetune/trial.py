@@ -41,6 +41,7 @@ class TrialPlan:
     max_levels: int = 6
     resolution: float = 0.05
     startup_timeout_s: float = 900.0
+    request_timeout_s: float | None = None  # None: derived from each level's requests (bench.default_request_timeout_s)
     engine_env: dict[str, str] = field(default_factory=dict)
     fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # confirmation: (rate, seed) each
 
@@ -173,15 +174,14 @@ def _measure(plan, engine, out_dir, outcome, on_level, on_record) -> None:
             result = measure_level(
                 target, requests[: n + warmup], request_rate=rate, burstiness=plan.workload.burstiness,
                 max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup,
-                seed=index if seed is None else seed, on_record=on_record,
+                seed=index if seed is None else seed, request_timeout_s=plan.request_timeout_s, on_record=on_record,
                 should_stop=saturation_check(plan.slo, rate, n) if math.isfinite(rate) else None,
             )
             if not result.metrics.get("client_lagging"):
                 break
         records = out_dir / f"level-{index:02d}.records.jsonl"
         result.load.save(records)
-        short = sum(1 for r in result.load.records
-                    if r.ok and not r.warmup and r.output_tokens is not None and r.output_tokens < r.expected_output_len)
+        short = result.metrics["errors"].get("short", 0)
         reasons = level_verdict(result.metrics, plan.slo, short)
         entry = {"name": name, "rate": rate, "seed": index if seed is None else seed, "passed": not reasons,
                  "reasons": reasons, "metrics": result.metrics, "server": result.server, "records": records.name,

@@ -37,6 +37,8 @@ class Client:
     """One aiohttp session (unlimited keep-alive connections) shared by every request.
 
     Use as `async with Client(target) as client: await client.send(client.body(spec), record)`.
+    `request_timeout_s` is the stall limit: a request fails with kind `timeout` when the server sends no
+    byte (connection, headers or stream) for that long.
     """
 
     def __init__(self, target: Target, request_timeout_s: float = 600.0, keep_replies: bool = False) -> None:
@@ -46,7 +48,8 @@ class Client:
         self._headers = {"Content-Type": "application/json"}
         if target.api_key:
             self._headers["Authorization"] = f"Bearer {target.api_key}"
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._stall_s = request_timeout_s
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=request_timeout_s, sock_read=request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
@@ -86,7 +89,7 @@ class Client:
             record.error = "cancelled"
             raise
         except TimeoutError:
-            record.error = "timeout: no complete response within the request timeout"
+            record.error = f"timeout: no byte from the server for {self._stall_s:g} s"
         except aiohttp.ClientConnectorError as e:
             record.error = f"connect: {e}"
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as e:
@@ -118,6 +121,8 @@ async def _read_stream(content: aiohttp.StreamReader, record: RequestRecord, kee
         _parse_event(pending, perf_counter_ns(), record)
     if record.error is None and not chunk_ns:
         record.error = "stream: no token chunk in a 200 response"
+    elif record.error is None and (got := record.output_tokens or len(chunk_ns)) < record.expected_output_len:
+        record.error = f"short: the stream ended after {got} of {record.expected_output_len} tokens"
     if keep_reply:
         record.reply = "".join(map(_chunk_text, kept))
 

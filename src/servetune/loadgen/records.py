@@ -15,9 +15,9 @@ class RequestRecord:
     rule, so chat's leading role-only delta counts), taken when its bytes arrived, before parsing.
     `scheduled_ns` is when the request was due; `slot_freed_ns`, when the `max_concurrency` slot it waited
     for freed (0 if it did not wait): the request was free to go at the later of the two.
-    `error` is `"<kind>: <detail>"` (kinds: `http_<status>`, `connect`, `timeout`, `disconnect`,
-    `stream`, `client`, `cancelled`); None means the request succeeded. A turn of a multi-turn session
-    has its `session` number and `turn` (0 first), and its `reply` text (kept for the next turn's history).
+    `error` is `"<kind>: <detail>"` (kinds: `http_<status>`, `connect`, `timeout` (no byte for the request
+    timeout), `disconnect`, `stream`, `short` (a stream that ended before `expected_output_len` tokens, which
+    `ignore_eos` asks for), `client`, `cancelled`); None means the request succeeded.
     """
 
     index: int

@@ -42,8 +42,8 @@ def level_verdict(metrics: Mapping, slo: Mapping[str, float], short_replies: int
     rejected = rejected_requests(metrics)
     if rejected:
         reasons.append(f"config rejected {rejected} requests (HTTP 4xx)")
-    if metrics["failed"] - rejected:
-        reasons.append(f"{metrics['failed'] - rejected} requests failed")
+    if metrics["failed"] - rejected - short_replies:
+        reasons.append(f"{metrics['failed'] - rejected - short_replies} requests failed")
     if short_replies:
         reasons.append(f"config cut {short_replies} replies short of max_tokens")
     if metrics.get("client_lagging"):
