@@ -260,7 +260,7 @@ class TuneProgress:
             console.print(f"  trial {number} failed ({failure['kind']}): {failure['reason']}", highlight=False)
         elif out.get("goodput_rate") is not None:
             lo, hi = out["goodput_bracket"]
-            console.print(f"  trial {number}: goodput rate {lo:.2f} req/s (fails at {hi:.2f}); capacity "
+            console.print(f"  trial {number}: goodput rate {lo:.2f} {out.get('rate_unit', 'req/s')} (fails at {hi:.2f}); capacity "
                           f"{out['request_throughput']:.2f} req/s", highlight=False)
         else:
             console.print(f"  trial {number}: throughput {out['request_throughput']:.2f} req/s", highlight=False)

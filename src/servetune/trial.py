@@ -22,6 +22,7 @@ from servetune.loadgen import RequestRecord, Target
 from servetune.metrics import tpot_ms, ttft_ms
 from servetune.search.objective import RateSearch, level_verdict, rejected_requests
 from servetune.workload import RequestSpec, WorkloadSpec
+from servetune.workload.trace import trace_rate
 
 SATURATION_MIN_FINISHED = 20
 
@@ -53,11 +54,17 @@ class LevelSpec:
     requests: list[RequestSpec]
 
 
+def requests_per_s(plan: TrialPlan, rate: float) -> float:
+    """A level's rate in req/s: `rate` itself, or for a trace (whose rates are speed-up factors) `rate` times
+    the trace's recorded rate."""
+    return rate * (trace_rate(plan.level_sets[0]) or 1.0)
+
+
 def level_size(plan: TrialPlan, rate: float, available: int) -> int:
     """Requests in a level at `rate`: `level_seconds` worth, at least `min_level_requests`."""
     if not math.isfinite(rate):
         return available
-    return max(plan.min_level_requests, min(available, round(rate * plan.level_seconds)))
+    return max(plan.min_level_requests, min(available, round(requests_per_s(plan, rate) * plan.level_seconds)))
 
 
 def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Sequence[RequestRecord]], bool]:
@@ -94,7 +101,8 @@ def run_trial(
     out_dir.mkdir(parents=True, exist_ok=True)
     engine = Engine(plan.model, engine_args, out_dir / "server.log", startup_timeout_s=plan.startup_timeout_s,
                     extra_env=plan.engine_env)
-    outcome: dict[str, Any] = {"config": engine.engine_args, "levels": [], "failure": None}
+    outcome: dict[str, Any] = {"config": engine.engine_args, "levels": [], "failure": None,
+                               "rate_unit": plan.workload.rate_unit}
     try:
         outcome["startup"] = engine.start().to_dict()
     except EngineFailed as e:
@@ -175,7 +183,7 @@ def _measure(plan, engine, out_dir, outcome, on_level, on_record) -> None:
                 target, requests[: n + warmup], request_rate=rate, burstiness=plan.workload.burstiness,
                 max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup,
                 seed=index if seed is None else seed, request_timeout_s=plan.request_timeout_s, on_record=on_record,
-                should_stop=saturation_check(plan.slo, rate, n) if math.isfinite(rate) else None,
+                should_stop=saturation_check(plan.slo, requests_per_s(plan, rate), n) if math.isfinite(rate) else None,
             )
             if not result.metrics.get("client_lagging"):
                 break
@@ -200,7 +208,8 @@ def _measure(plan, engine, out_dir, outcome, on_level, on_record) -> None:
     outcome["request_throughput"] = capacity["metrics"]["request_throughput"]
     outcome["status"] = "ok"
     if plan.objective == "goodput":
-        search = RateSearch(capacity["metrics"]["request_throughput"], plan.resolution, plan.max_levels)
+        search = RateSearch(capacity["metrics"]["request_throughput"] / requests_per_s(plan, 1.0), plan.resolution,
+                            plan.max_levels)
         if math.isfinite(plan.workload.request_rate):
             at_target = level("target", plan.workload.request_rate)
             search.tell(at_target["rate"], at_target["passed"])

@@ -297,7 +297,8 @@ def budget_spent(study: optuna.Study) -> list[dict]:
                             "config": t.params, "result": f"skipped: {t.user_attrs['skipped']}"})
         elif (out := outcome(t)) is not None:
             result = (f"failed ({out['failure']['kind']}): {out['failure']['reason']}" if out["status"] != "ok"
-                      else f"goodput {out['goodput_rate']:.2f} req/s" if out.get("goodput_rate") is not None
+                      else f"goodput {out['goodput_rate']:.2f} {out.get('rate_unit', 'req/s')}"
+                      if out.get("goodput_rate") is not None
                       else f"throughput {out['request_throughput']:.2f} req/s")
             entries.append({"trial": t.number, "launched": True, "why": t.user_attrs.get("why"),
                             "config": out["config"], "result": result})
@@ -356,6 +357,7 @@ def write_outputs(study: optuna.Study, out: Path) -> dict:
         gain = held / base - 1 if significant and held and base else (0.0 if best is default else None)
     summary = {
         "objective": meta["objective"], "slo": meta["slo"],
+        "rate_unit": "x trace speed" if meta["workload"].get("trace") else "req/s",  # a trace's rates are speed-ups
         "default": _summary_entry(default), "best": _summary_entry(best),
         "best_beats_default": significant, "gain": gain, "confirmation": confirmation,
         "budget": budget_spent(study),

@@ -1,4 +1,4 @@
-"""When requests are due: vLLM's arrival process (`vllm bench serve --request-rate/--burstiness`)."""
+"""When requests are due: vLLM's arrival process (`vllm bench serve --request-rate/--burstiness`), or a trace's."""
 
 from __future__ import annotations
 
@@ -41,3 +41,11 @@ def schedule_ns(process: ArrivalProcess, n: int) -> list[int]:
     if n and due[-1] > 0:
         due *= n / process.rate / due[-1]
     return [int(t * 1e9) for t in due]
+
+
+def replay_ns(arrivals_s: list[float], speedup: float) -> list[int]:
+    """Due times in ns after the level's origin of a trace's arrivals (s) replayed `speedup` times as fast:
+    the first is due at once; speedup inf sends everything at once."""
+    if math.isinf(speedup):
+        return [0] * len(arrivals_s)
+    return [int((a - arrivals_s[0]) / speedup * 1e9) for a in arrivals_s]

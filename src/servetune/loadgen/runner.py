@@ -10,10 +10,11 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter_ns
 
-from servetune.loadgen.arrival import ArrivalProcess, schedule_ns
+from servetune.loadgen.arrival import ArrivalProcess, replay_ns, schedule_ns
 from servetune.loadgen.client import Client, Target
 from servetune.loadgen.records import LoadResult, RequestRecord
 from servetune.workload.request import RequestSpec
+from servetune.workload.trace import trace_rate
 
 
 async def run_load(
@@ -44,13 +45,19 @@ async def run_load(
     schedule at `request_rate` x sessions/turns (so turns arrive at about `request_rate`), each sends its
     turns one after another, a turn `think_s` after the previous reply (its due time), with the model's
     replies in the history; `max_concurrency` caps the sessions at once (users). A failed turn ends its
-    session: there is no reply to resend.
+    session: there is no reply to resend. Requests replayed from a trace (`RequestSpec.arrival_s`) are due at
+    their arrival times divided by `request_rate`, the speed-up factor (inf: all at once); the result's
+    `request_rate` is then the rate offered in req/s.
     """
     n_warmup = min(warmup_requests, len(requests))
     sessions = _sessions(requests, n_warmup)
+    offered_rate = request_rate
     if sessions:
         session_rate = request_rate * len(sessions) / (len(requests) - n_warmup)
         due_ns = schedule_ns(ArrivalProcess(session_rate, burstiness, seed), len(sessions))
+    elif (recorded_rate := trace_rate(requests[n_warmup:])) is not None:
+        due_ns = replay_ns([r.arrival_s for r in requests[n_warmup:]], request_rate)
+        offered_rate = recorded_rate * request_rate
     else:
         due_ns = schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(requests) - n_warmup)
     slots = _Slots(max_concurrency)
@@ -122,7 +129,7 @@ async def run_load(
             sender.result()  # re-raise an exception from on_record or should_stop
 
     records.sort(key=lambda r: r.index)
-    return LoadResult(records, request_rate, burstiness, max_concurrency, start_ns, end_ns, stopped_early)
+    return LoadResult(records, offered_rate, burstiness, max_concurrency, start_ns, end_ns, stopped_early)
 
 
 def _sessions(requests: Sequence[RequestSpec], n_warmup: int) -> list[list[int]]:

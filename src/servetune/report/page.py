@@ -48,7 +48,8 @@ def data_uri(path: Path) -> str:
 def verdict(summary: dict, rows: list[dict]) -> str:
     """One sentence: what to run and why."""
     ok = [r for r in rows if r["status"] == "ok"]
-    unit = "req/s " + ("goodput" if summary["objective"] == "goodput" else "throughput")
+    unit = ((summary.get("rate_unit", "req/s") if summary["objective"] == "goodput" else "req/s") + " "
+            + ("goodput" if summary["objective"] == "goodput" else "throughput"))
     default, best = summary["default"], summary["best"]
     top = max(ok, key=lambda r: r["value"] or 0.0, default=None)
     if top is None:

@@ -9,6 +9,7 @@ from servetune.workload.datasets import sample_dataset
 from servetune.workload.fit import with_min_model_len
 from servetune.workload.request import RequestSpec
 from servetune.workload.sessions import build_session_turns
+from servetune.workload.trace import build_trace_requests
 from servetune.workload.spec import WorkloadError, WorkloadSpec
 
 if TYPE_CHECKING:
@@ -39,10 +40,14 @@ def build_requests(
     prefix cache cannot recognise them. `prompt_len` is what the completions endpoint counts (the special
     tokens the tokenizer adds included); the chat endpoint adds the chat template's tokens on top.
     Request i starts with shared prefix i % prefix.groups. With `sessions`, the requests are the turns of
-    conversations (`workload.sessions`). Each request's `min_model_len` is set (`fit`).
+    conversations (`workload.sessions`); with a `trace`, the trace's first `count` rows (`workload.trace`).
+    Each request's `min_model_len` is set (`fit`).
     """
     rng = np.random.default_rng(spec.seed if seed is None else seed)
     count = spec.num_requests if count is None else count
+    if spec.trace is not None:
+        return with_min_model_len(build_trace_requests(spec.trace, tokenizer, _TextSampler(tokenizer, rng), count),
+                                  tokenizer, spec.endpoint)
     if spec.sessions is not None:
         return with_min_model_len(build_session_turns(spec, tokenizer, _TextSampler(tokenizer, rng), rng, count),
                                   tokenizer, spec.endpoint)

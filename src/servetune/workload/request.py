@@ -12,7 +12,8 @@ class RequestSpec:
     the level), `history` (the earlier user messages and replies, alternating; a planned reply is as long as
     the model's will be), `think_s` (the wait after the previous reply before sending) and `model_replies`
     (the history's replies are replaced by the model's own when sent). `prompt_len` then counts the whole
-    rendered conversation."""
+    rendered conversation. A request replayed from a trace has its `arrival_s` (s after the trace's first).
+    """
 
     prompt: str
     prompt_len: int
@@ -22,6 +23,7 @@ class RequestSpec:
     history: tuple[str, ...] = ()
     think_s: float = 0.0
     model_replies: bool = False
+    arrival_s: float | None = None
 
     @property
     def turn(self) -> int:

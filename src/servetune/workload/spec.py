@@ -106,6 +106,15 @@ class DatasetSpec(_Model):
     max_total_len: PositiveInt = 2048
 
 
+class TraceSpec(_Model):
+    """Replay a trace's arrival times and token counts (layouts in `workload.trace`); the workload's
+    `request_rate` is then the speed-up factor (1 = as recorded). `block_tokens`: tokens per Mooncake hash id,
+    and of a `prefix_group`'s shared prefix."""
+
+    path: Path
+    block_tokens: PositiveInt = 512
+
+
 class SessionSpec(_Model):
     """Multi-turn conversations: each turn's prompt is the whole conversation so far plus a new user message.
 
@@ -133,6 +142,27 @@ class WorkloadSpec(_Model):
     max_concurrency: PositiveInt | None = None
     endpoint: Literal["completions", "chat"] = "completions"
     sessions: SessionSpec | None = None
+    trace: TraceSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_as_recorded(cls, data: Any) -> Any:
+        """A trace's `request_rate` (its speed-up factor) is 1 unless given."""
+        if isinstance(data, dict) and data.get("trace") is not None and data.get("request_rate") is None:
+            return data | {"request_rate": 1.0}
+        return data
+
+    @model_validator(mode="after")
+    def _trace_alone(self) -> Self:
+        if self.trace is None:
+            return self
+        given = [name for name in ("input_len", "output_len", "prefix", "dataset", "sessions")
+                 if getattr(self, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} cannot be combined with trace (lengths and arrivals come from it)")
+        if self.max_concurrency is not None:
+            raise ValueError("max_concurrency cannot be combined with trace (arrivals come from it)")
+        return self
 
     @model_validator(mode="after")
     def _sessions_on_chat(self) -> Self:
@@ -151,6 +181,8 @@ class WorkloadSpec(_Model):
     @model_validator(mode="after")
     def _lengths_from_one_source(self) -> Self:
         synthetic = {"input_len": self.input_len, "output_len": self.output_len, "prefix": self.prefix}
+        if self.trace is not None:
+            return self
         if self.dataset is not None:
             given = [name for name, value in synthetic.items() if value is not None]
             if given:
@@ -162,6 +194,11 @@ class WorkloadSpec(_Model):
             low, prefix = self.input_len.low, self.prefix.length
             raise ValueError(f"input_len must always exceed prefix.length ({prefix}); its lower bound is {low}")
         return self
+
+    @property
+    def rate_unit(self) -> str:
+        """What a level's rate counts: req/s, or for a trace its speed-up factor."""
+        return "x trace speed" if self.trace is not None else "req/s"
 
     @classmethod
     def random(cls, input_len: int, output_len: int, num_requests: int, seed: int = 0, **load: Any) -> Self:
@@ -176,7 +213,7 @@ class WorkloadSpec(_Model):
 
 
 def load_workload(path: Path) -> WorkloadSpec:
-    """Read and validate a workload YAML file; a relative dataset path is taken relative to the file."""
+    """Read and validate a workload YAML file; a relative dataset or trace path is taken relative to the file."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -193,9 +230,10 @@ def load_workload(path: Path) -> WorkloadSpec:
         spec = WorkloadSpec.model_validate(raw)
     except ValidationError as e:
         raise WorkloadError(f"{path}: {_first_error(e, raw)}") from None
-    if spec.dataset is not None and not spec.dataset.path.is_absolute():
-        dataset = spec.dataset.model_copy(update={"path": path.parent / spec.dataset.path})
-        spec = spec.model_copy(update={"dataset": dataset})
+    for name in ("dataset", "trace"):
+        source = getattr(spec, name)
+        if source is not None and not source.path.is_absolute():
+            spec = spec.model_copy(update={name: source.model_copy(update={"path": path.parent / source.path})})
     return spec
 
 
