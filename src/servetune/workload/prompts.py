@@ -46,14 +46,14 @@ def build_requests(
     rng = np.random.default_rng(spec.seed if seed is None else seed)
     count = spec.num_requests if count is None else count
     if spec.trace is not None:
-        return with_min_model_len(build_trace_requests(spec.trace, tokenizer, _TextSampler(tokenizer, rng), count),
+        return with_min_model_len(build_trace_requests(spec.trace, tokenizer, TextSampler(tokenizer, rng), count),
                                   tokenizer, spec.endpoint)
     if spec.sessions is not None:
-        return with_min_model_len(build_session_turns(spec, tokenizer, _TextSampler(tokenizer, rng), rng, count),
+        return with_min_model_len(build_session_turns(spec, tokenizer, TextSampler(tokenizer, rng), rng, count),
                                   tokenizer, spec.endpoint)
     if spec.dataset is not None:
         return with_min_model_len(sample_dataset(spec.dataset, tokenizer, count, rng), tokenizer, spec.endpoint)
-    texts = _TextSampler(tokenizer, rng)
+    texts = TextSampler(tokenizer, rng)
     input_lens = spec.input_len.sample(rng, count)
     output_lens = spec.output_len.sample(rng, count)
     prefix_len = spec.prefix.length if spec.prefix else 0
@@ -70,7 +70,7 @@ def build_requests(
     return with_min_model_len(requests, tokenizer, spec.endpoint)
 
 
-class _TextSampler:
+class TextSampler:
     """Random text of an exact token count, built from the tokenizer's ordinary (non-special) tokens."""
 
     def __init__(self, tokenizer: "PreTrainedTokenizerBase", rng: np.random.Generator) -> None:
@@ -88,7 +88,7 @@ class _TextSampler:
         """
         head_ids = self._encode(head)
         for _ in range(_MAX_ATTEMPTS):
-            text = self._tokenizer.decode(head_ids + self._random(length + length // 4 + 8 - len(head_ids)))
+            text = self._tokenizer.decode(head_ids + self.random_ids(length + length // 4 + 8 - len(head_ids)))
             prompt = self._cut(text, length, head_ids)
             if prompt is not None:
                 return prompt
@@ -115,5 +115,6 @@ class _TextSampler:
     def _encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False, verbose=False)
 
-    def _random(self, count: int) -> list[int]:
+    def random_ids(self, count: int) -> list[int]:
+        """`count` random ordinary token ids."""
         return self._rng.choice(self._ordinary, count).tolist()

@@ -14,11 +14,11 @@ from servetune.workload.spec import WorkloadSpec
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from servetune.workload.prompts import _TextSampler
+    from servetune.workload.prompts import TextSampler
 
 
 def build_session_turns(
-    spec: WorkloadSpec, tokenizer: "PreTrainedTokenizerBase", texts: "_TextSampler", rng: np.random.Generator,
+    spec: WorkloadSpec, tokenizer: "PreTrainedTokenizerBase", texts: "TextSampler", rng: np.random.Generator,
     count: int,
 ) -> list[RequestSpec]:
     """`count` turns, session after session (the last one cut short to make up `count`), in session order.
@@ -44,7 +44,7 @@ def build_session_turns(
 
 
 def _conversations(
-    spec: WorkloadSpec, tokenizer: "PreTrainedTokenizerBase", texts: "_TextSampler", rng: np.random.Generator
+    spec: WorkloadSpec, tokenizer: "PreTrainedTokenizerBase", texts: "TextSampler", rng: np.random.Generator
 ) -> Iterator[list[tuple[str, str, int]]]:
     """Endless (message, planned reply, reply tokens) conversations, from the dataset or synthetic lengths."""
     dataset = sample_conversations(spec.dataset, tokenizer, rng) if spec.dataset is not None else None

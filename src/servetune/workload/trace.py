@@ -25,7 +25,7 @@ from servetune.workload.spec import TraceSpec, WorkloadError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from servetune.workload.prompts import _TextSampler
+    from servetune.workload.prompts import TextSampler
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ def _read(path: Path, mtime_ns: int) -> tuple[TraceRow, ...]:
 
 
 def build_trace_requests(
-    spec: TraceSpec, tokenizer: "PreTrainedTokenizerBase", texts: "_TextSampler", count: int
+    spec: TraceSpec, tokenizer: "PreTrainedTokenizerBase", texts: "TextSampler", count: int
 ) -> list[RequestSpec]:
     """The trace's first `count` rows (all of them when it has fewer) as requests with their `arrival_s`.
 
@@ -116,7 +116,10 @@ def build_trace_requests(
     for row in read_trace(spec.path)[:count]:
         if row.input_tokens - added < 2:
             raise WorkloadError(f"{spec.path}: a {row.input_tokens}-token prompt leaves no text after the special tokens")
-        head = [t for b in row.blocks for t in blocks.setdefault(b, texts._random(spec.block_tokens))]
+        for block in row.blocks:
+            if block not in blocks:
+                blocks[block] = texts.random_ids(spec.block_tokens)
+        head = [token for block in row.blocks for token in blocks[block]]
         prompt = texts.exact(row.input_tokens - added, head=tokenizer.decode(head[: row.input_tokens - added - 1]))
         requests.append(RequestSpec(prompt, row.input_tokens, row.output_tokens, arrival_s=row.arrival_s))
     return requests
