@@ -9,6 +9,7 @@ from servetune.metrics import (
     LATE_MS,
     SCHEDULE_LAG_BOUND_MS,
     keep_up_ratio,
+    keep_up_se,
     schedule_lag_ms,
     steady_request_rate,
     summarize,
@@ -135,6 +136,16 @@ def test_steady_rate_hand_computed():
     # ends at 350 ... 1950 ms fall in W: 17 completions / 1.75 s
     records = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2) for i in range(21)]
     assert steady_request_rate(level(records)) == pytest.approx(17 / 1.75)
+
+
+def test_keep_up_se_counts_the_requests_in_one_window_only():
+    # as above, but request 5 takes 2 s: it arrived in the send window (100 ... 1700 ms: 17 requests) and
+    # ends past the completion window (250, 2000]: 16 of 17 complete there, one request unmatched
+    records = [rec(i, 100 * i, (100 * i + 50, 100 * i + (2000 if i == 5 else 250)), tokens=2) for i in range(21)]
+    assert keep_up_ratio(level(records)) == pytest.approx(16 / 17)
+    assert keep_up_se(level(records)) == pytest.approx(1 / 17)
+    steady = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2) for i in range(21)]
+    assert keep_up_se(level(steady)) == 0.0
 
 
 def fifo_level(offered, capacity, n, base_ms=300.0):

@@ -70,6 +70,11 @@ def test_level_verdict_needs_slos_met_and_the_server_keeping_up():
     # the case: 26 req/s offered, 19.5 served, latency SLOs met while the queue fills
     assert level_verdict(_metrics(offered_request_rate=26.0, steady_request_rate=19.5, keep_up_ratio=0.75), slo) == [
         "fell behind: completed 75% of arrivals (19.50 of 26.00 req/s)"]
+    # 93% over a short level whose shortfall is within its noise keeps up; 75% with the same noise does not
+    assert level_verdict(_metrics(keep_up_ratio=0.93, keep_up_se=0.04), slo) == []
+    assert level_verdict(_metrics(offered_request_rate=26.0, steady_request_rate=19.5, keep_up_ratio=0.75,
+                                  keep_up_se=0.04), slo) == [
+        "fell behind: completed 75% of arrivals, at most 82% within noise (19.50 of 26.00 req/s)"]
     # arrivals were sparse in the steady part, but every one completed: that is keeping up
     assert level_verdict(_metrics(steady_request_rate=9.0, keep_up_ratio=1.0), slo) == []
     assert level_verdict(_metrics(failed=2, stopped_early=True), slo) == ["2 requests failed", "cut short: saturated"]

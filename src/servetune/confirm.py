@@ -17,7 +17,7 @@ import numpy as np
 from servetune.executors import Executor, Job
 from servetune.loadgen import LoadResult, RequestRecord
 from servetune.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
-from servetune.search.objective import KEEP_UP_FRACTION, SLO_METRICS, level_verdict
+from servetune.search.objective import SLO_METRICS, fell_behind, level_verdict
 from servetune.trial import TrialPlan
 
 # SLO name -> the per-request values its p99 is taken over (ITL: every gap of every request)
@@ -73,9 +73,14 @@ def rate_result(rate: float, levels: list[dict], out_dir: Path, slo: dict[str, f
            for name in slo}
     problems = [f"seed {lv['seed']}: {reason}" for lv in levels
                 for reason in level_verdict(lv["metrics"], {}, keep_up=False)]
-    kept_up = float(np.mean([lv["metrics"].get("keep_up_ratio") or 0.0 for lv in levels])) if levels else 0.0
-    if kept_up < KEEP_UP_FRACTION:
-        problems.append(f"fell behind: completed {100 * kept_up:.0f}% of arrivals over {len(levels)} runs")
+    ratios = [lv["metrics"].get("keep_up_ratio") for lv in levels]
+    if levels and None not in ratios:  # the runs' mean ratio, and its standard error
+        se = math.sqrt(sum((lv["metrics"].get("keep_up_se") or 0.0) ** 2 for lv in levels)) / len(levels)
+        behind = fell_behind(float(np.mean(ratios)), se)
+    else:
+        behind = "fell behind: a run completed no request in its steady part" if levels else None
+    if behind:
+        problems.append(f"{behind} over {len(levels)} runs")
     problems += [f"pooled {name} {p['value']:.1f} > {slo[name]:g}" if p["value"] is not None
                  else f"no {name} measured" for name, p in p99.items() if p["value"] is None or p["value"] > slo[name]]
     if len(levels) < opts.seeds:

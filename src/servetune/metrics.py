@@ -93,6 +93,18 @@ def steady_request_rate(result: LoadResult) -> float | None:
     return float(done / ((last_send - lo) / _NS_PER_S))
 
 
+def _keep_up_counts(result: LoadResult) -> tuple[int, int, int] | None:
+    """(sent, done, unmatched) of the level's steady part (see `keep_up_ratio`): `unmatched` counts the
+    requests in only one of the two windows, the only ones that move the ratio away from 1."""
+    window = _steady_window(result)
+    if window is None:
+        return None
+    timed, ok, first_send, last_send, fill_ns = window
+    sent = {id(r) for r in timed if first_send < r.start_ns <= last_send - fill_ns}
+    done = {id(r) for r in ok if first_send + fill_ns < r.end_ns <= last_send}
+    return len(sent), len(done), len(sent ^ done)
+
+
 def keep_up_ratio(result: LoadResult) -> float | None:
     """Completions per arrival in the level's steady part [1 = the server keeps up].
 
@@ -102,14 +114,18 @@ def keep_up_ratio(result: LoadResult) -> float | None:
     which comparing `steady_request_rate` with the nominal offered rate does not; an overloaded server
     completes at its capacity, below its arrivals. None when the windows are empty.
     """
-    window = _steady_window(result)
-    if window is None:
-        return None
-    timed, ok, first_send, last_send, fill_ns = window
-    sent = sum(1 for r in timed if first_send < r.start_ns <= last_send - fill_ns)
-    if not sent:
-        return None
-    return sum(1 for r in ok if first_send + fill_ns < r.end_ns <= last_send) / sent
+    counts = _keep_up_counts(result)
+    return counts[1] / counts[0] if counts and counts[0] else None
+
+
+def keep_up_se(result: LoadResult) -> float | None:
+    """Standard error of `keep_up_ratio` when the level's requests are resampled: sqrt(unmatched) / sent.
+
+    A request in both windows counts on both sides of the ratio; only those in one window (a long request
+    near an edge, or the queue of an overloaded server) move it. Over 40 requests two unmatched ones put
+    the ratio at 95% by chance; an overloaded server's unmatched requests grow with the level's length."""
+    counts = _keep_up_counts(result)
+    return counts[2] ** 0.5 / counts[0] if counts and counts[0] else None
 
 
 def _peaks(ok: Sequence[RequestRecord]) -> tuple[float, int]:
@@ -172,7 +188,7 @@ def summarize(
     `per_turn` (multi-turn sessions only: `per_turn`),
     `p99_schedule_lag_ms` (`schedule_lag_ms` of every sent timed request), `late_requests` (those more than
     LATE_MS late), `client_lagging` (p99 schedule lag above SCHEDULE_LAG_BOUND_MS: the level measured the
-    client, not the server), `steady_request_rate` and `keep_up_ratio`.
+    client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`.
     """
     unknown = set(goodput_slo or ()) - set(GOODPUT_METRICS)
     if unknown:
@@ -219,6 +235,7 @@ def summarize(
         "client_lagging": p99_lag > SCHEDULE_LAG_BOUND_MS,
         "steady_request_rate": steady_request_rate(result),
         "keep_up_ratio": keep_up_ratio(result),
+        "keep_up_se": keep_up_se(result),
     }
     if turns := per_turn(result.records):
         summary["per_turn"] = turns
