@@ -104,6 +104,7 @@ def test_a_pick_that_holds_where_the_defaults_fail_is_confirmed(tmp_path):
     assert [(r["rate"], r["passed"]) for r in pick["rates"]] == [(10.0, True), (11.0, False)]
     # the defaults at their claim, the next rate up, and head to head at the pick's rate
     assert [(r["rate"], r["passed"]) for r in default["rates"]] == [(5.0, True), (6.0, False), (10.0, False)]
+    assert [rate for rate, _ in executor.jobs[1].plan.fixed_levels] == [10.0] * 3 + [5.0] * 3 + [6.0] * 3
     held = pick["rates"][0]
     assert held["requests"] == 180 and len(held["runs"]) == 3 and {r["seed"] for r in held["runs"]} == {0, 1, 2}
     p99 = held["p99"]["tpot_p99_ms"]
