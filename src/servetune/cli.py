@@ -297,7 +297,8 @@ class TuneProgress:
 
 def _result_table(summary: dict) -> Table:
     table = Table(title=f"servetune tune: {summary['objective']} under {summary['slo'] or 'no SLO'}")
-    for col in ("", "goodput rate (req/s)", "throughput (req/s)", "p99 TTFT (ms)", "p99 TPOT (ms)", "config"):
+    goodput = f"goodput rate ({summary.get('rate_unit', 'req/s')})"
+    for col in ("", goodput, "throughput (req/s)", "p99 TTFT (ms)", "p99 TPOT (ms)", "config"):
         table.add_column(col)
     from servetune.engine.args import to_argv
 

@@ -51,15 +51,7 @@ async def run_load(
     """
     n_warmup = min(warmup_requests, len(requests))
     sessions = _sessions(requests, n_warmup)
-    offered_rate = request_rate
-    if sessions:
-        session_rate = request_rate * len(sessions) / (len(requests) - n_warmup)
-        due_ns = schedule_ns(ArrivalProcess(session_rate, burstiness, seed), len(sessions))
-    elif (recorded_rate := trace_rate(requests[n_warmup:])) is not None:
-        due_ns = replay_ns([r.arrival_s for r in requests[n_warmup:]], request_rate)
-        offered_rate = recorded_rate * request_rate
-    else:
-        due_ns = schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(requests) - n_warmup)
+    due_ns, offered_rate = _due_times(requests[n_warmup:], len(sessions), request_rate, burstiness, seed)
     slots = _Slots(max_concurrency)
     records: list[RequestRecord] = []
     finished: list[RequestRecord] = []
@@ -130,6 +122,19 @@ async def run_load(
 
     records.sort(key=lambda r: r.index)
     return LoadResult(records, offered_rate, burstiness, max_concurrency, start_ns, end_ns, stopped_early)
+
+
+def _due_times(
+    timed: Sequence[RequestSpec], n_sessions: int, request_rate: float, burstiness: float, seed: int
+) -> tuple[list[int], float]:
+    """(due times in ns after the origin, offered rate in req/s): of each session's start, at `request_rate`
+    x sessions/turns; of a trace's requests, replayed `request_rate` times as fast; else of each request."""
+    if n_sessions:
+        session_rate = request_rate * n_sessions / len(timed)
+        return schedule_ns(ArrivalProcess(session_rate, burstiness, seed), n_sessions), request_rate
+    if (recorded_rate := trace_rate(timed)) is not None:
+        return replay_ns([r.arrival_s for r in timed], request_rate), recorded_rate * request_rate
+    return schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(timed)), request_rate
 
 
 def _sessions(requests: Sequence[RequestSpec], n_warmup: int) -> list[list[int]]:
