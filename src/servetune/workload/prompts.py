@@ -9,8 +9,8 @@ from servetune.workload.datasets import sample_dataset
 from servetune.workload.fit import with_min_model_len
 from servetune.workload.request import RequestSpec
 from servetune.workload.sessions import build_session_turns
-from servetune.workload.trace import build_trace_requests
 from servetune.workload.spec import WorkloadError, WorkloadSpec
+from servetune.workload.trace import build_trace_requests
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -14,7 +14,7 @@ Other columns are ignored. Arrivals are taken relative to the first one and repl
 import csv
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,7 +46,7 @@ def _servetune(row: dict) -> TraceRow:
 
 
 def _azure(row: dict) -> TraceRow:
-    arrival = datetime.fromisoformat(row["TIMESTAMP"].strip()).replace(tzinfo=timezone.utc).timestamp()
+    arrival = datetime.fromisoformat(row["TIMESTAMP"].strip()).replace(tzinfo=UTC).timestamp()
     return TraceRow(arrival, int(row["ContextTokens"]), int(row["GeneratedTokens"]))
 
 
