@@ -6,6 +6,7 @@ import itertools
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -14,7 +15,7 @@ from servetune.bench import measure_level
 from servetune.loadgen import RequestRecord, Target, run_load_sync
 from servetune.metrics import per_turn
 from servetune.tinymodel import write_tiny_model
-from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
+from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload
 from servetune.workload.fit import served_prompt
 from servetune.workload.request import RequestSpec
 from servetune.workload.spec import WorkloadError
@@ -257,3 +258,10 @@ def test_real_server_sees_the_history_and_hits_its_prefix_cache(vllm_server, tin
         assert r.output_tokens == 16 and r.reply
     assert set(level.metrics["per_turn"]) == {"0", "1", "2"}
     assert level.server["prefix_cache_hits"] > 0 and 0 < level.server["prefix_cache_hit_rate"] < 1
+
+
+def test_multi_turn_example(tokenizer):
+    spec = load_workload(Path(__file__).resolve().parents[1] / "examples" / "multi-turn.yaml")
+    turns = build_requests(spec, tokenizer)
+    assert len(turns) == 120 and {t.session for t in turns} == set(range(20))
+    assert [t.turn for t in turns[:6]] == list(range(6)) and turns[5].prompt_len == 6 * (1 + 256) + 5 * (1 + 32) + 1

@@ -3,6 +3,7 @@ replayed at a speed-up factor, and a trial's rates as speed-ups."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from test_sessions import EchoServer
@@ -16,7 +17,7 @@ from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, loa
 from servetune.workload.spec import WorkloadError
 from servetune.workload.trace import TraceRow, read_trace, trace_rate
 
-EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
