@@ -40,7 +40,8 @@ def test_turns_resend_the_conversation_so_far(tokenizer):
     # 7 turns: sessions of 3, 3 and the last cut to 1
     assert [(t.session, t.turn) for t in turns] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0)]
     first, second, third = turns[:3]
-    assert second.history == (first.prompt, second.history[1]) and third.history[:3] == second.history + (second.prompt,)
+    assert second.history == (first.prompt, second.history[1])
+    assert third.history[:3] == second.history + (second.prompt,)
     assert all(len(tokenizer(t.prompt, add_special_tokens=False).input_ids) == 5 for t in turns)
     assert all(len(tokenizer(reply, add_special_tokens=False).input_ids) == 3 for reply in third.history[1::2])
     assert [t.think_s for t in turns[:3]] == [0.0, 0.5, 0.5] and all(t.model_replies for t in turns)
@@ -188,14 +189,16 @@ def test_each_turn_resends_the_history_with_the_models_replies(echo):
 
 def test_the_datasets_replies_are_sent_as_they_are(echo):
     echo.received.clear()
-    run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake", "chat"), conversation(0, ["a", "b"], model_replies=False))
+    target = Target(f"http://127.0.0.1:{echo.port}", "fake", "chat")
+    run_load_sync(target, conversation(0, ["a", "b"], model_replies=False))
     assert [m["content"] for m in echo.received[1]] == ["a", "planned0.0", "b"]
 
 
 def test_a_failed_turn_ends_its_session(echo):
     turns = conversation(0, ["a", "fail", "c"]) + conversation(1, ["x", "y"])
     result = run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake", "chat"), turns)
-    assert [(r.session, r.turn, r.ok) for r in result.records] == [(0, 0, True), (0, 1, False), (1, 0, True), (1, 1, True)]
+    assert [(r.session, r.turn, r.ok) for r in result.records] == [
+        (0, 0, True), (0, 1, False), (1, 0, True), (1, 1, True)]
 
 
 def test_sessions_start_on_the_schedule_at_rate_times_sessions_over_turns(echo):

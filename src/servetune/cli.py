@@ -106,7 +106,8 @@ def _summary_table(title: str, metrics: dict, server: dict | None) -> Table:
         if server.get("prefix_cache_hit_rate") is not None:
             rows.append(("prefix cache hit rate", f"{server['prefix_cache_hit_rate']:.1%}"))
     for turn, m in metrics.get("per_turn", {}).items():
-        rows.append((f"turn {turn}: input tokens / TTFT p99 (ms)", f"{m['mean_input_tokens']:.0f} / {m['p99_ttft_ms']:.1f}"))
+        rows.append((f"turn {turn}: input tokens / TTFT p99 (ms)",
+                     f"{m['mean_input_tokens']:.0f} / {m['p99_ttft_ms']:.1f}"))
     if metrics["errors"]:
         rows.append(("errors", ", ".join(f"{k}: {v}" for k, v in metrics["errors"].items())))
     for name, value in rows:
@@ -260,7 +261,8 @@ class TuneProgress:
             console.print(f"  trial {number} failed ({failure['kind']}): {failure['reason']}", highlight=False)
         elif out.get("goodput_rate") is not None:
             lo, hi = out["goodput_bracket"]
-            console.print(f"  trial {number}: goodput rate {lo:.2f} {out.get('rate_unit', 'req/s')} (fails at {hi:.2f}); capacity "
+            unit = out.get("rate_unit", "req/s")
+            console.print(f"  trial {number}: goodput rate {lo:.2f} {unit} (fails at {hi:.2f}); capacity "
                           f"{out['request_throughput']:.2f} req/s", highlight=False)
         else:
             console.print(f"  trial {number}: throughput {out['request_throughput']:.2f} req/s", highlight=False)

@@ -115,7 +115,8 @@ def build_trace_requests(
     requests = []
     for row in read_trace(spec.path)[:count]:
         if row.input_tokens - added < 2:
-            raise WorkloadError(f"{spec.path}: a {row.input_tokens}-token prompt leaves no text after the special tokens")
+            raise WorkloadError(
+                f"{spec.path}: a {row.input_tokens}-token prompt leaves no text after the special tokens")
         for block in row.blocks:
             if block not in blocks:
                 blocks[block] = texts.random_ids(spec.block_tokens)
