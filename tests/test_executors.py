@@ -15,7 +15,7 @@ import pytest
 
 from conftest import wait_for
 from servetune.engine import InstalledVllm
-from servetune.engine.launcher import reserve_port
+from servetune.engine.launcher import release_port, reserve_port
 from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.executors.local import LocalPool
 
@@ -141,9 +141,9 @@ def test_a_reserved_port_is_not_handed_out_again(monkeypatch):
     try:
         other, other_lock = reserve_port()
         assert other != port
-        os.close(other_lock)
+        release_port(other, other_lock)
     finally:
-        os.close(lock)
+        release_port(port, lock)
 
 
 def test_pool_futures_complete_in_any_order():

@@ -24,7 +24,7 @@ from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 _GUARD = Path(__file__).with_name("_guard.py")
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
-_PORT_LOCKS = Path(tempfile.gettempdir()) / "servetune-ports"
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "servetune-port-locks"  # sticky and world-writable, like /tmp
 _PORT_IN_USE = "Address already in use"
 LAUNCH_TRIES = 3  # launches that lost their port to another process before ready are tried again
 
@@ -45,18 +45,36 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
-    """A free port that no other servetune process on this host holds: (port, fd of its lock file). The
-    lock (flock, released when the fd closes or the process dies) keeps trials running side by side, in
-    one servetune or several, from handing the same port to two servers."""
-    _PORT_LOCKS.mkdir(exist_ok=True)
+    """A free port that no other servetune process on this host holds: (port, fd of its lock file); give it
+    back with `release_port`. The lock (flock, released when the fd closes or the process dies) keeps trials
+    running side by side, in one servetune or several, of any user, from handing the same port to two
+    servers. The lock directory is sticky and world-writable like /tmp, and a lock file is opened read-only,
+    so one user's files serve every user."""
+    try:
+        _PORT_LOCKS.mkdir()
+        _PORT_LOCKS.chmod(0o1777)  # mkdir's mode is cut by the umask
+    except FileExistsError:
+        pass
     while True:
         port = free_port(host)
-        fd = os.open(_PORT_LOCKS / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        path = _PORT_LOCKS / f"{port}.lock"
+        fd = os.open(path, os.O_CREAT | os.O_RDONLY, 0o444)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return port, fd
-        except BlockingIOError:
-            os.close(fd)
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return port, fd
+        except (BlockingIOError, FileNotFoundError):
+            pass
+        os.close(fd)  # held by another, or unlinked by its releaser since we opened it
+
+
+def release_port(port: int, fd: int) -> None:
+    """Remove the lock file `reserve_port` made (others' files in the sticky directory stay) and unlock."""
+    try:
+        (_PORT_LOCKS / f"{port}.lock").unlink()
+    except OSError:
+        pass
+    os.close(fd)
 
 
 def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[str, Any]:
@@ -177,7 +195,7 @@ class Engine:
         if proc is not None:
             _kill_group(proc, grace_s)
         if lock is not None:  # the port is free for others once its server is gone (or never started)
-            os.close(lock)
+            release_port(self.port, lock)
 
     def __enter__(self) -> "Engine":
         self.start()

@@ -1,0 +1,49 @@
+"""The host-wide port locks: any user's servetune can take a port, and a released lock leaves no file."""
+
+import os
+import stat
+import socket
+
+import pytest
+
+from servetune.engine import launcher
+from servetune.engine.launcher import release_port, reserve_port
+
+
+def test_a_released_port_leaves_no_lock_file_and_the_directory_is_sticky_and_world_writable():
+    port, fd = reserve_port()
+    path = launcher._PORT_LOCKS / f"{port}.lock"
+    assert path.exists()
+    release_port(port, fd)
+    assert not path.exists()
+    assert stat.S_IMODE(launcher._PORT_LOCKS.stat().st_mode) == 0o1777
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second user")
+def test_a_second_user_takes_ports_beside_the_first(monkeypatch):
+    """root holds a port (its lock file stays while held); a forked child that became `nobody` reserves and
+    releases ports in the same directory, and does not get root's."""
+    port, fd = reserve_port()
+    offered = iter([port])
+    monkeypatch.setattr(launcher, "free_port", lambda host: next(offered, 0) or socket_port())
+    try:
+        child = os.fork()
+        if child == 0:  # the child reports through its exit status only
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                other, other_fd = reserve_port()
+                release_port(other, other_fd)
+                os._exit(0 if other != port else 3)
+            except BaseException:
+                os._exit(4)
+        _, status = os.waitpid(child, 0)
+    finally:
+        release_port(port, fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def socket_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
