@@ -29,7 +29,11 @@ class UsageError(Exception):
 
 
 def fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    from servetune.redact import redact
+
+    console.print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -44,6 +48,33 @@ def one_line_errors():
         yield
     except (UsageError, WorkloadError, ServerUnreachable, VllmNotFound, ValueError) as e:
         fail(str(e))
+
+
+@contextmanager
+def about(option: str):
+    """Name `option` in the one line a bad value of it raises (ValueError, pydantic's ValidationError)."""
+    from pydantic import ValidationError
+
+    try:
+        yield
+    except ValidationError as e:
+        raise UsageError(f"{option}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    except ValueError as e:
+        raise UsageError(f"{option}: {e}") from None
+
+
+def pairs(values: list[str], option: str) -> dict:
+    """`key=value` strings of a repeatable option as a dict; a bad one is reported naming `option`."""
+    from servetune.engine.args import parse_pairs
+
+    with about(option):
+        return parse_pairs(values)
+
+
+def check_timeout(request_timeout: float | None) -> float | None:
+    if request_timeout is not None and not request_timeout > 0:
+        raise UsageError(f"--request-timeout: {request_timeout:g} is not a positive number of seconds")
+    return request_timeout
 
 
 def progress_bar(auto_refresh: bool = True) -> Progress:
@@ -70,6 +101,9 @@ def count_records(bar: Progress, task: TaskID, redraw_s: float = 0.25) -> Callab
 SloOption = Annotated[list[str], typer.Option("--slo", help="An SLO, e.g. ttft_p99_ms=1000 (repeatable).")]
 EngineArgOption = Annotated[list[str], typer.Option(
     "--engine-arg", help="A vLLM engine arg as key=value, e.g. max-num-seqs=64 (repeatable).")]
+RequestTimeoutOption = Annotated[Optional[float], typer.Option(
+    "--request-timeout", help="Seconds without a byte from the server after which a request fails (kind "
+                              "timeout); default: 30 s plus the level's tokens at 1,000 tokens/s.")]
 
 
 @model_app.command("tiny")
@@ -146,36 +180,68 @@ def bench(
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up requests, not measured.")] = 0,
     goodput: Annotated[list[str], typer.Option(help="Per-request SLO for goodput, e.g. ttft_ms=500.")] = [],
     max_failed_fraction: Annotated[float, typer.Option(help="Exit 1 when more requests fail than this.")] = 0.05,
+    request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Drive load against a vLLM server (running, or launched with --launch) and report its metrics."""
-    with one_line_errors():
-        result = _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, input_len, output_len,
-                        num_prompts, request_rate, burstiness, max_concurrency, endpoint, seed, warmup, goodput)
+    try:
+        with one_line_errors():
+            result = _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, input_len,
+                            output_len, num_prompts, request_rate, burstiness, max_concurrency, endpoint, seed,
+                            warmup, goodput, check_timeout(request_timeout))
+    except KeyboardInterrupt:
+        fail("interrupted; no server is left running", code=130)
     total = result["completed"] + result["failed"]
     if result["completed"] == 0 or (total and result["failed"] / total > max_failed_fraction):
         fail(f"{result['failed']} of {total} requests failed ({result['errors']}); the run is unusable "
              f"(records kept in {json_out.with_suffix('.records.jsonl')})", code=1)
 
 
+_BENCH_OPTIONS = {"num_requests": "--num-prompts", "request_rate": "--request-rate", "burstiness": "--burstiness",
+                  "max_concurrency": "--max-concurrency", "endpoint": "--endpoint", "seed": "--seed"}
+
+
+def _bench_spec(workload, input_len, output_len, overrides: dict):
+    """The workload with the command line's load options on top; a bad one is reported naming its option."""
+    from servetune.workload import WorkloadSpec, load_workload
+
+    spec = load_workload(workload) if workload else WorkloadSpec.random(input_len, output_len,
+                                                                         overrides["num_requests"] or 1000)
+    for field, value in overrides.items():
+        if value is not None:
+            with about(_BENCH_OPTIONS[field]):
+                spec = WorkloadSpec.model_validate(spec.model_dump() | {field: value})
+    return spec
+
+
+def _goodput_slo(goodput: list[str]) -> dict[str, float]:
+    from servetune.metrics import GOODPUT_METRICS
+
+    slo = pairs(goodput, "--goodput")
+    for name, bound in slo.items():
+        if name not in GOODPUT_METRICS:
+            raise UsageError(f"--goodput: unknown metric {name!r}; use {', '.join(GOODPUT_METRICS)}")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+            raise UsageError(f"--goodput: {name}={bound} is not a positive number of ms")
+    return {k: float(v) for k, v in slo.items()}
+
+
 def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, input_len, output_len, num_prompts,
-           request_rate, burstiness, max_concurrency, endpoint, seed, warmup, goodput) -> dict:
-    from servetune.bench import check_server, measure_level
+           request_rate, burstiness, max_concurrency, endpoint, seed, warmup, goodput, request_timeout) -> dict:
+    """Every option is checked, and the prompts built, before the server is asked or launched."""
+    from servetune.bench import check_server
     from servetune.engine import Engine, EngineFailed, serve_command
-    from servetune.engine.args import parse_pairs
-    from servetune.loadgen import Target
-    from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload
+    from servetune.workload import build_requests, load_tokenizer
 
     if launch == (base_url is not None):
         raise UsageError("give exactly one of --base-url URL (a running server) or --launch")
     if engine_arg and not launch:
         raise UsageError("--engine-arg needs --launch")
     model = local_model(model) if launch else model
-    spec = load_workload(workload) if workload else WorkloadSpec.random(input_len, output_len, num_prompts or 1000)
-    overrides = {"num_requests": num_prompts, "request_rate": request_rate, "burstiness": burstiness,
-                 "max_concurrency": max_concurrency, "endpoint": endpoint, "seed": seed}
-    spec = WorkloadSpec.model_validate(spec.model_dump() | {k: v for k, v in overrides.items() if v is not None})
-    slo = {k: float(v) for k, v in parse_pairs(goodput).items()}
-    engine_args = parse_pairs(engine_arg)
+    spec = _bench_spec(workload, input_len, output_len, {
+        "num_requests": num_prompts, "request_rate": request_rate, "burstiness": burstiness,
+        "max_concurrency": max_concurrency, "endpoint": endpoint, "seed": seed})
+    slo = _goodput_slo(goodput)
+    engine_args = pairs(engine_arg, "--engine-arg")
     tok = load_tokenizer(tokenizer or model)
     requests = build_requests(spec, tok, count=spec.num_requests + warmup)
     json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -183,13 +249,11 @@ def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, i
                     "model": model, "workload": spec.model_dump()}
 
     def run(url: str) -> dict:
+        from servetune.loadgen import Target
+
         target = Target(url, model, spec.endpoint)
         check_server(target)
-        with progress_bar(auto_refresh=False) as bar:
-            task = bar.add_task("requests", total=len(requests))
-            level = measure_level(target, requests, request_rate=spec.request_rate, burstiness=spec.burstiness,
-                                  max_concurrency=spec.max_concurrency, warmup_requests=warmup, seed=spec.seed,
-                                  goodput_slo=slo or None, on_record=count_records(bar, task))
+        level = _measure(target, requests, spec, warmup, slo, request_timeout, json_out, output)
         level.load.save(json_out.with_suffix(".records.jsonl"))
         console.print(_summary_table(f"servetune bench: {model}", level.metrics, level.server))
         if level.metrics["client_lagging"]:
@@ -221,6 +285,39 @@ def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, i
     return output
 
 
+def _measure(target, requests, spec, warmup: int, slo: dict, request_timeout: float | None, json_out: Path,
+             output: dict):
+    """`measure_level` with a bar. On Ctrl-C the requests finished so far are written (records and JSON,
+    `interrupted: true`) before KeyboardInterrupt goes on."""
+    from servetune.bench import measure_level
+    from servetune.loadgen import LoadResult
+    from servetune.metrics import summarize
+
+    finished = []
+    with progress_bar(auto_refresh=False) as bar:
+        count = count_records(bar, bar.add_task("requests", total=len(requests)))
+
+        def on_record(record) -> None:
+            finished.append(record)
+            count(record)
+
+        try:
+            return measure_level(target, requests, request_rate=spec.request_rate, burstiness=spec.burstiness,
+                                 max_concurrency=spec.max_concurrency, warmup_requests=warmup, seed=spec.seed,
+                                 goodput_slo=slo or None, request_timeout_s=request_timeout, on_record=on_record)
+        except KeyboardInterrupt:
+            timed = [r for r in finished if not r.warmup]
+            if timed:
+                load = LoadResult(sorted(finished, key=lambda r: r.index), spec.request_rate, spec.burstiness,
+                                  spec.max_concurrency, min(r.scheduled_ns for r in timed),
+                                  max(r.end_ns for r in timed), stopped_early=True)
+                load.save(json_out.with_suffix(".records.jsonl"))
+                write_json(json_out, output | summarize(load, slo or None) | {"interrupted": True})
+                console.print(f"the {len(timed)} requests finished before the interrupt: {json_out}, "
+                              f"{json_out.with_suffix('.records.jsonl')}", highlight=False)
+            raise
+
+
 class TuneProgress:
     """Rich bars for the tuner: one over trials, one over the requests of the current load level. The bar is
     made with auto_refresh=False and redrawn from the load generator's thread (`count_records`), so no Rich
@@ -241,6 +338,7 @@ class TuneProgress:
     def trial_started(self, number: int, config: dict, why: str) -> None:
         from servetune.engine.args import to_argv
 
+        self.bar.start()
         self.running.append(number)
         self._running()
         if self.levels:
@@ -272,6 +370,7 @@ class TuneProgress:
 
         who = " ".join(to_argv(config)) or "(vLLM defaults)"
         at = ", ".join(f"{r:.2f}" for r in rates)
+        self.bar.start()
         console.print(f"confirming trial {number}: {who}\n  at {at} req/s, {opts.seeds} arrival orders x "
                       f"{opts.requests} requests each", highlight=False)
         if self.levels:
@@ -320,9 +419,12 @@ def _tune(opts) -> dict:
     from servetune.study import default_storage
     from servetune.tune import tune as run_tune
 
-    with progress_bar(auto_refresh=False) as bar:
-        levels = runs_inline(opts.parallel, opts.ray_address)
-        summary = run_tune(opts, TuneProgress(bar, opts.budget, levels=levels))
+    bar = progress_bar(auto_refresh=False)  # started by the first trial: an early error leaves no bar behind
+    try:
+        summary = run_tune(opts, TuneProgress(bar, opts.budget, levels=runs_inline(opts.parallel, opts.ray_address)))
+    finally:
+        if bar.live.is_started:
+            bar.stop()
     report = write_report(opts.storage or default_storage(opts.out), opts.out)
     console.print(_result_table(summary))
     console.print(f"report: {report}", highlight=False)
@@ -388,6 +490,7 @@ def tune(
              "it (--no-confirm: recommend the search's result as it is).")] = True,
     confirm_requests: Annotated[int, typer.Option(min=20, help="Requests per confirmation run.")] = 300,
     confirm_seeds: Annotated[int, typer.Option(min=1, help="Arrival orders (runs) per confirmed rate.")] = 3,
+    request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
     with one_line_errors():
@@ -395,6 +498,7 @@ def tune(
                              knob, tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed,
                              reference_config, confirm=_confirm_options(confirm, confirm_requests, confirm_seeds))
         opts.parallel, opts.ray_address = parallel, ray_address
+        opts.request_timeout_s = check_timeout(request_timeout)
     _tune_guarded(opts)
 
 
@@ -407,25 +511,34 @@ def _confirm_options(confirm: bool, requests: int, seeds: int):
 def _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg, knob,
                   tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed, references=(),
                   *, confirm):
-    from servetune.engine.args import parse_pairs
     from servetune.search.objective import parse_slo
     from servetune.search.strategies import STRATEGIES
     from servetune.tune import TuneOptions
     from servetune.workload import load_workload
 
     if strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+        raise UsageError(f"--strategy: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    if objective not in ("goodput", "throughput"):
+        raise UsageError(f"--objective: unknown objective {objective!r}; use goodput or throughput")
+    with about("--slo"):
+        slos = parse_slo(pairs(slo, "--slo"))
     return TuneOptions(
-        model=local_model(model), workload=load_workload(workload), out=out, slo=parse_slo(parse_pairs(slo)), objective=objective,
-        strategy=strategy, budget=budget, storage=study, resume=resume, engine_args=parse_pairs(engine_arg),
+        model=local_model(model), workload=load_workload(workload), out=out, slo=slos, objective=objective,
+        strategy=strategy, budget=budget, storage=study, resume=resume, engine_args=pairs(engine_arg, "--engine-arg"),
         optional_knobs=tuple(knob), tokenizer=tokenizer, level_seconds=level_seconds, level_requests=level_requests,
         min_level_requests=min_level_requests, max_levels=max_levels, seed=seed,
         references=[read_config_yaml(path) for path in references], confirm=confirm)
 
 
 def local_model(model: str) -> str:
-    """A model directory on this machine as an absolute path (servers start in /); a hub name as given."""
-    return str(Path(model).resolve()) if Path(model).is_dir() else model
+    """A model directory on this machine as an absolute path (servers start in /); a hub name as given. A
+    name that can only be a path (/..., ./..., ../..., ~/...) must be a directory."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    if model.startswith(("/", "./", "../", "~")):
+        raise UsageError(f"--model: {model}: no such model directory")
+    return model
 
 
 def read_config_yaml(path: Path) -> dict:

@@ -11,6 +11,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from servetune.redact import redact
+
 STUDY_NAME = "servetune"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -27,24 +29,33 @@ def study_exists(storage: str) -> bool:
     try:
         return STUDY_NAME in [s.study_name for s in optuna.get_all_study_summaries(storage)]
     except Exception as e:  # a storage we cannot open: the caller reports it
-        raise StudyError(f"cannot open study storage {storage}: {e}") from None
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StudyError(redact(f"cannot open study storage {storage}: {reason}")) from None
+
+
+def check_storage(storage: str, resume: bool) -> bool:
+    """Whether `storage` holds a study; StudyError unless it opens and `resume` matches (an existing study
+    needs `resume`, `resume` needs one). Cheap: the tuner calls it before probing vLLM, and again on opening."""
+    exists = study_exists(storage)
+    if exists and not resume:
+        raise StudyError(f"{redact(storage)} already holds a study; pass --resume to continue it, or use another "
+                         "--out/--study")
+    if resume and not exists:
+        raise StudyError(f"--resume: no study to resume in {redact(storage)}")
+    return exists
 
 
 def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: dict[str, Any], resume: bool) -> optuna.Study:
-    """Create the study, or with `resume` continue it. Refuses to mix studies: an existing study needs
-    `resume`, and a resumed one must be for the same model, workload, SLOs and objective."""
-    exists = study_exists(storage)
-    if exists and not resume:
-        raise StudyError(f"{storage} already holds a study; pass --resume to continue it, or use another --out/--study")
-    if resume and not exists:
-        raise StudyError(f"--resume: no study to resume in {storage}")
+    """Create the study, or with `resume` continue it. Refuses to mix studies (`check_storage`), and a
+    resumed one must be for the same model, workload, SLOs and objective."""
+    exists = check_storage(storage, resume)
     study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
                                 load_if_exists=True)
     if exists:
         old = study.user_attrs.get("meta", {})
         for key in ("model", "workload", "slo", "objective"):
             if json.dumps(old.get(key), sort_keys=True) != json.dumps(meta.get(key), sort_keys=True):
-                raise StudyError(f"--resume: the study in {storage} has another {key}: {old.get(key)!r}")
+                raise StudyError(f"--resume: the study in {redact(storage)} has another {key}: {old.get(key)!r}")
         requeue_interrupted(study)
     else:
         study.set_user_attr("meta", meta)

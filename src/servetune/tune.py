@@ -25,7 +25,7 @@ from servetune.search.objective import SLO_METRICS
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import make_strategy, suggest
-from servetune.study import default_storage, measured, open_study, outcome, requeue, trial_dir
+from servetune.study import check_storage, default_storage, measured, open_study, outcome, requeue, trial_dir
 from servetune.trial import TrialPlan
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import model_len_for
@@ -54,6 +54,7 @@ class TuneOptions:
     min_level_requests: int = 50
     max_levels: int = 6
     seed: int = 0
+    request_timeout_s: float | None = None  # a request fails after this long without a byte; None: from the level
     parallel: int | None = None  # trials at once (default 1; on a Ray cluster, as many as it has GPUs)
     ray_address: str | None = None
     confirm: ConfirmOptions | None = field(default_factory=ConfirmOptions)  # None: recommend unconfirmed
@@ -80,9 +81,10 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
         raise ValueError(f"unknown objective {opts.objective!r}; use goodput or throughput")
     if opts.objective == "goodput" and not opts.slo:
         raise ValueError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
+    tokenizer, sets, model_len = _prepare(opts)
     executor = executor or make_executor(opts.parallel, opts.ray_address, hooks.level_started, hooks.record)
     try:
-        study, plan, tokenizer = _search(opts, hooks, executor)
+        study, plan = _search(opts, hooks, executor, sets, model_len)
         if opts.confirm is not None and opts.objective == "goodput":
             _confirm(study, plan, tokenizer, opts, hooks, executor)
     finally:
@@ -111,13 +113,21 @@ def _confirm(study: optuna.Study, plan: TrialPlan, tokenizer, opts: TuneOptions,
     study.set_user_attr("confirmation", result | {"search_trials": trials})
 
 
-def _search(opts: TuneOptions, hooks: Hooks, executor: Executor):
-    """Prepare the study and run the search until the budget is spent; returns (study, plan, tokenizer)."""
-    vllm = executor.probe()
+def _prepare(opts: TuneOptions) -> tuple[Any, list[list[RequestSpec]], int]:
+    """(tokenizer, request sets, max-model-len): everything a bad model path, dataset, workload or study
+    storage fails on, before the vLLM probe (seconds) or any launch."""
+    opts.out.mkdir(parents=True, exist_ok=True)
+    check_storage(opts.storage or default_storage(opts.out), opts.resume)
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
     sets = [build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=opts.level_requests)
             for k in range(opts.max_levels + 2)]
-    space = build_space(vllm, _model_len(opts.model, sets), optional=opts.optional_knobs, fixed=opts.engine_args)
+    return tokenizer, sets, _model_len(opts.model, sets)
+
+
+def _search(opts: TuneOptions, hooks: Hooks, executor: Executor, sets: list[list[RequestSpec]], model_len: int):
+    """Prepare the study and run the search until the budget is spent; returns (study, plan)."""
+    vllm = executor.probe()
+    space = build_space(vllm, model_len, optional=opts.optional_knobs, fixed=opts.engine_args)
     memory = MemoryCheck.for_model(opts.model, vllm)
     if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
         space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
@@ -129,7 +139,6 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor):
     strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                              constrained=opts.objective == "throughput" and bool(opts.slo), slo=tuple(opts.slo))
     typical_prompt = int(statistics.median(r.prompt_len for r in sets[0]))
-    opts.out.mkdir(parents=True, exist_ok=True)
     study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
     if memory is not None and _launches(study):  # resumed: refit on the launches already made
         memory.observe(_launches(study))
@@ -140,7 +149,7 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor):
         if f"reference-{i}" not in roles:
             study.enqueue_trial({}, user_attrs={"role": f"reference-{i}", "planned": {}, "reference": reference})
     plan = TrialPlan(opts.model, opts.workload, opts.slo, opts.objective, sets, opts.level_seconds,
-                     opts.min_level_requests, max_levels=opts.max_levels)
+                     opts.min_level_requests, max_levels=opts.max_levels, request_timeout_s=opts.request_timeout_s)
 
     def propose() -> tuple[Job, optuna.Trial] | str | None:
         """Ask the study for the next config: a job, the reason it was refused (told PRUNED, costs
@@ -183,6 +192,7 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor):
 
     running: dict[Future, tuple[Job, optuna.Trial]] = {}
     held: tuple[Job, optuna.Trial] | None = None  # asked, waiting for devices to free up
+    announced = None  # the held trial's number once told to the hooks
     skipped = lost_in_a_row = 0
     while True:
         if (held is None and len(running) < executor.slots and skipped < MAX_SKIPPED_IN_A_ROW
@@ -192,9 +202,11 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor):
                 skipped += 1
                 continue
             held = proposal
+        if held is not None and announced != held[0].number:  # before submit: `Inline` runs the trial inside it
+            hooks.trial_started(held[0].number, held[0].config, held[1].user_attrs.get("why", ""))
+            announced = held[0].number
         if held is not None and (future := executor.submit(held[0])) is not None:
             skipped = 0
-            hooks.trial_started(held[0].number, held[0].config, held[1].user_attrs.get("why", ""))
             running[future], held = held, None
             continue
         if not running:
@@ -206,7 +218,7 @@ def _search(opts: TuneOptions, hooks: Hooks, executor: Executor):
             if lost_in_a_row >= MAX_LOST_IN_A_ROW:
                 raise WorkerError(f"{lost_in_a_row} trials in a row lost their worker (last: {lost}); "
                                   "their configs are queued: fix the cause and continue with --resume")
-    return study, plan, tokenizer
+    return study, plan
 
 
 def _model_len(model: str, sets: list[list[RequestSpec]]) -> int:

@@ -31,7 +31,7 @@ def parse_pairs(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"engine arg {pair!r} is not key=value")
+            raise ValueError(f"{pair!r} is not key=value")
         out[key.strip().replace("-", "_")] = parse_value(value.strip())
     return out
 

@@ -1,0 +1,104 @@
+"""What the tuner does first and in which order: bad input fails before vLLM is probed, and each trial is
+announced before it runs (the in-process executor runs a trial inside `submit`)."""
+
+from concurrent.futures import Future
+
+import pytest
+
+from servetune.engine import probe
+from servetune.executors import Job
+from servetune.study import StudyError
+from servetune.tune import Hooks, TuneOptions, tune
+from servetune.workload import WorkloadError, WorkloadSpec
+
+WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}
+
+
+class NeverProbed:
+    """An executor that fails the test if the tuner gets as far as probing vLLM."""
+
+    slots = 1
+
+    def probe(self):
+        raise AssertionError("vLLM was probed before the input was checked")
+
+    def close(self) -> None:
+        pass
+
+
+def options(model, tmp_path, **kw) -> TuneOptions:
+    return TuneOptions(model=str(model), workload=WorkloadSpec.model_validate(kw.pop("workload", WORKLOAD)),
+                       out=tmp_path / "out", slo={"ttft_p99_ms": 500}, level_requests=20, max_levels=1,
+                       confirm=None, **kw)
+
+
+def test_a_bad_study_url_fails_before_the_probe_without_its_password(tiny_model, tmp_path):
+    url = "postgresql+psycopg://alice:S3cretPW@127.0.0.1:9/db"
+    with pytest.raises(StudyError) as e:
+        tune(options(tiny_model, tmp_path, storage=url), executor=NeverProbed())
+    assert "alice:***@127.0.0.1:9" in str(e.value) and "S3cretPW" not in str(e.value)
+
+
+def test_an_existing_study_without_resume_fails_before_the_probe(tiny_model, tmp_path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(storage=storage, study_name="servetune")
+    with pytest.raises(StudyError, match="already holds a study"):
+        tune(options(tiny_model, tmp_path, storage=storage), executor=NeverProbed())
+
+
+def test_a_missing_dataset_fails_before_the_probe(tiny_model, tmp_path):
+    workload = {"num_requests": 5, "dataset": {"path": str(tmp_path / "nope.jsonl"), "format": "jsonl"}}
+    with pytest.raises(WorkloadError, match="nope.jsonl: cannot read"):
+        tune(options(tiny_model, tmp_path, workload=workload), executor=NeverProbed())
+
+
+def test_a_model_without_a_tokenizer_fails_before_the_probe(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WorkloadError, match="cannot load tokenizer"):
+        tune(options(tmp_path / "empty", tmp_path), executor=NeverProbed())
+
+
+class InProcess:
+    """Like `Inline`: the trial runs inside `submit` (here it only notes that it ran)."""
+
+    slots = 1
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def probe(self):
+        return probe()
+
+    def misfit(self, job: Job):
+        return None
+
+    def submit(self, job: Job) -> Future:
+        self.events.append(("ran", job.number))
+        future: Future = Future()
+        future.set_result({"config": job.config, "status": "failed", "levels": [], "startup": {},
+                           "failure": {"kind": "exited", "reason": "stand-in"}})
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+class Noted(Hooks):
+    def __init__(self, events: list):
+        self.events = events
+
+    def trial_started(self, number, config, why):
+        self.events.append(("started", number))
+
+    def trial_finished(self, number, out):
+        self.events.append(("finished", number))
+
+
+def test_each_trial_is_announced_before_it_runs(tiny_model, tmp_path):
+    events: list = []
+    tune(options(tiny_model, tmp_path, budget=2), Noted(events), executor=InProcess(events))
+    numbers = sorted({n for _, n in events})
+    assert len(numbers) == 2
+    assert events == [(what, n) for n in numbers for what in ("started", "ran", "finished")]
