@@ -11,6 +11,10 @@ draw its seeded arrival times a second time and to read its start clock (`vllm_c
 event loop takes real-time priority itself where permitted; vLLM's client gets the same with `chrt -f 1`, so
 that neither client's lag, but the server, decides the comparison. With --no-realtime both run at normal
 priority: servetune without CAP_SYS_NICE (`setpriv`), as for a user who is not root.
+By default vLLM's client sends on servetune's arrival times for the seed (--shared-schedule), and each run also
+records the server's own view (vLLM's /metrics histogram means) and the CPU used by the client, the engine and
+everything else: on 2 cores the server's speed drifts by more than the tools differ, so the table adds the
+paired per-repetition difference with a 95% interval (docs/results/bench-vs-vllm.md).
 """
 
 import argparse
