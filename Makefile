@@ -28,7 +28,10 @@ $(MODEL)/config.json: $(VENV)/.installed src/servetune/tinymodel.py
 demo: install
 	$(BIN)/servetune demo --out out/demo
 
+# Chromium and PostgreSQL for the tests: apt-get as root, else PostgreSQL from PyPI (scripts/system-deps.sh says
+# what it could not install).
 test: install
+	scripts/system-deps.sh $(BIN)
 	$(BIN)/pytest -q -rs
 
 clean:

@@ -2,6 +2,7 @@
 a real PostgreSQL server, where a worker is killed mid-trial and its trial runs again. Both studies must read
 like a sequential one."""
 
+import importlib.util
 import json
 import os
 import re
@@ -24,9 +25,12 @@ pytestmark = pytest.mark.vllm
 
 
 def postgres_bin() -> Path:
+    """Debian's PostgreSQL server binaries, else the pgserver wheel's (`make test` installs one of them)."""
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found and (spec := importlib.util.find_spec("pgserver")) is not None:
+        found = [Path(spec.origin).parent / "pginstall" / "bin" / "initdb"]
     if not found:
-        pytest.fail("PostgreSQL server binaries not found; install Debian's postgresql package (.ci/run does)")
+        pytest.fail("PostgreSQL server binaries not found; install Debian's postgresql package (`make test` does as root)")
     return found[-1].parent
 
 
