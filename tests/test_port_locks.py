@@ -47,3 +47,23 @@ def socket_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_lock_file_of_a_killed_servetune_is_swept_by_the_next_reservation():
+    """A process killed while holding a port leaves its file (unlocked); the next reservation removes it."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        port, _ = reserve_port()
+        os.write(write, str(port).encode())
+        os.kill(os.getpid(), 9)  # holding the lock
+    os.waitpid(child, 0)
+    os.close(write)
+    stale = launcher._PORT_LOCKS / f"{int(os.read(read, 16))}.lock"
+    os.close(read)
+    assert stale.exists()
+    port, fd = reserve_port()
+    try:
+        assert not stale.exists()
+    finally:
+        release_port(port, fd)

@@ -55,6 +55,7 @@ def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
         _PORT_LOCKS.chmod(0o1777)  # mkdir's mode is cut by the umask
     except FileExistsError:
         pass
+    _sweep_stale_locks()
     while True:
         port = free_port(host)
         path = _PORT_LOCKS / f"{port}.lock"
@@ -66,6 +67,23 @@ def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
         except (BlockingIOError, FileNotFoundError):
             pass
         os.close(fd)  # held by another, or unlinked by its releaser since we opened it
+
+
+def _sweep_stale_locks() -> None:
+    """Remove the lock files nobody holds: those of a servetune that was killed (SIGKILL) before releasing."""
+    for path in _PORT_LOCKS.glob("*.lock"):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                path.unlink()
+        except OSError:  # held, gone already, or another user's file in the sticky directory
+            pass
+        finally:
+            os.close(fd)
 
 
 def release_port(port: int, fd: int) -> None:
