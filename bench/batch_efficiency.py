@@ -22,7 +22,10 @@ from pathlib import Path
 
 from servetune.engine.installed import InstalledVllm
 from servetune.executors import Job
+from servetune.metrics import LevelMetrics
+from servetune.outcome import LevelOutcome, TrialOutcome
 from servetune.search.space import build_space
+from servetune.trial import LevelOptions
 from servetune.tune import TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
@@ -60,13 +63,15 @@ class Simulated:
 
     def submit(self, job: Job) -> Future:
         rate = landscape(job.config) * (1 + self.rng.gauss(0, 0.03))
-        metrics = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "request_throughput": rate}
+        metrics = {name: 0 for name in LevelMetrics.model_fields} | {
+            "errors": {}, "client_lagging": False, "stopped_early": False, "per_turn": None, "p99_ttft_ms": 100.0,
+            "p99_tpot_ms": 10.0, "request_throughput": rate}
+        capacity = LevelOutcome(name="capacity", rate=math.inf, seed=0, passed=True, reasons=[],
+                                metrics=LevelMetrics(**metrics), server=None, records="", rejected=0, attempts=1)
         future: Future = Future()
-        future.set_result({
-            "config": job.config, "status": "ok", "failure": None, "startup": {},
-            "levels": [{"name": "capacity", "rate": math.inf, "passed": True, "metrics": metrics}],
-            "goodput_rate": rate, "goodput_bracket": [rate, rate * 1.05], "request_throughput": rate,
-            "p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "preemptions": 0})
+        future.set_result(TrialOutcome(
+            status="ok", config=job.config, levels=[capacity], goodput_rate=rate, goodput_bracket=(rate, rate * 1.05),
+            request_throughput=rate, p99_ttft_ms=100.0, p99_tpot_ms=10.0, preemptions=0))
         return future
 
     def close(self) -> None:
@@ -93,7 +98,7 @@ def main() -> None:
         for seed in range(args.seeds):
             with tempfile.TemporaryDirectory() as out:
                 opts = TuneOptions(model=args.model, workload=WORKLOAD, out=Path(out), slo={"tpot_p99_ms": 50},
-                                   budget=args.budget, level_requests=20, max_levels=1, seed=seed)
+                                   budget=args.budget, levels=LevelOptions(requests=20, max_levels=1), seed=seed)
                 summary = tune(opts, executor=Simulated(batch, seed))
             shares.append(landscape(summary["best"]["config"]) / top)
         se = statistics.stdev(shares) / math.sqrt(len(shares))

@@ -61,9 +61,9 @@ def main() -> None:
     lag = np.array([schedule_lag_ms(r) for r in result.records if not r.warmup])
     print(f"offered {args.rate:.0f} req/s (burstiness {args.burstiness}), {args.requests} requests x "
           f"{args.output_len} tokens, token delay {args.token_delay_ms} ms, {args.endpoint}")
-    print(f"achieved {summary['request_throughput']:.0f} req/s "
-          f"(steady {summary['steady_request_rate'] or 0:.0f}), "
-          f"completed {summary['completed']}, errors {summary['errors']}")
+    print(f"achieved {summary.request_throughput:.0f} req/s "
+          f"(steady {summary.steady_request_rate or 0:.0f}), "
+          f"completed {summary.completed}, errors {summary.errors}")
     print(f"schedule lag ms: p50 {np.percentile(lag, 50):.3f}  p90 {np.percentile(lag, 90):.3f}  "
           f"p99 {np.percentile(lag, 99):.3f}  max {lag.max():.3f}")
     print(f"client CPU {cpu / wall:.0%} of a core ({cpu / len(result.records) * 1e6:.0f} us/request), "

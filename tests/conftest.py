@@ -45,6 +45,15 @@ def _has_mark(pid: str) -> bool:
         return False
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_for(predicate, timeout_s: float) -> bool:
     """Poll `predicate` every 0.5 s until it is true (True) or `timeout_s` passes (False)."""
     deadline = time.monotonic() + timeout_s

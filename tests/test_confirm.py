@@ -10,8 +10,9 @@ from servetune.confirm import Confirmation, ConfirmOptions, next_rates, p99_ci
 from servetune.executors import Job
 from servetune.loadgen.records import LoadResult, RequestRecord
 from servetune.metrics import summarize
+from servetune.outcome import LevelOutcome, TrialOutcome
 from servetune.search.objective import level_verdict
-from servetune.trial import TrialPlan
+from servetune.trial import LevelOptions, TrialPlan
 from servetune.workload import RequestSpec, WorkloadSpec
 
 MS = 1_000_000
@@ -67,10 +68,11 @@ class Scripted:
             load.save(job.out_dir / f"level-{index:02d}.records.jsonl")
             metrics = summarize(load)
             reasons = level_verdict(metrics, job.plan.slo)
-            levels.append({"name": "confirm", "rate": rate, "seed": seed, "passed": not reasons, "reasons": reasons,
-                           "metrics": metrics, "records": f"level-{index:02d}.records.jsonl"})
+            levels.append(LevelOutcome(name="confirm", rate=rate, seed=seed, passed=not reasons, reasons=reasons,
+                                       metrics=metrics, server=None, records=f"level-{index:02d}.records.jsonl",
+                                       rejected=0, attempts=1))
         future: Future = Future()
-        future.set_result({"config": job.config, "status": "ok", "failure": None, "levels": levels})
+        future.set_result(TrialOutcome(status="ok", config=job.config, levels=levels))
         return future
 
 
@@ -82,7 +84,7 @@ def row(trial: int, role: str, low: float, high: float) -> dict:
 def confirmation(tmp_path: Path, holds: dict[int, float]) -> tuple[Confirmation, Scripted]:
     workload = WorkloadSpec.model_validate({"num_requests": 40, "input_len": {"type": "fixed", "value": 10},
                                             "output_len": {"type": "fixed", "value": 8}})
-    plan = TrialPlan("m", workload, SLO, "goodput", [], warmup_requests=0)
+    plan = TrialPlan("m", workload, SLO, "goodput", [], LevelOptions(warmup_requests=0))
     executor = Scripted(holds)
     sets = lambda k: [RequestSpec("p", 10, 8)] * 60  # noqa: E731
     return Confirmation(plan, sets, executor, tmp_path, ConfirmOptions(requests=60, seeds=3, bootstrap=200),
@@ -145,8 +147,9 @@ def test_keep_up_is_judged_over_the_runs_together(tmp_path):
         for seed, ratio in enumerate(ratios):
             load = synthetic_level(5.0, 60, 10.0)
             load.save(tmp_path / f"l{seed}.jsonl")
-            out.append({"seed": seed, "passed": True, "reasons": [], "records": f"l{seed}.jsonl",
-                        "metrics": summarize(load) | {"keep_up_ratio": ratio}})
+            metrics = summarize(load).model_copy(update={"keep_up_ratio": ratio})
+            out.append(LevelOutcome(name="confirm", rate=5.0, seed=seed, passed=True, reasons=[], metrics=metrics,
+                                    server=None, records=f"l{seed}.jsonl", rejected=0, attempts=1))
         return out
 
     opts = ConfirmOptions(requests=60, seeds=3, bootstrap=100)

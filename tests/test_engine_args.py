@@ -4,6 +4,7 @@ import pytest
 
 from servetune.engine.args import drop_unsupported, parse_pairs, serve_command, to_argv, unsupported
 from servetune.engine.installed import InstalledVllm
+from servetune.errors import ServetuneError
 
 VLLM = InstalledVllm("0.0", "cpu", {
     "max_num_seqs": {"kind": "value", "default": None, "choices": None},
@@ -26,7 +27,7 @@ def test_values_dicts_lists_and_none():
 def test_parse_pairs_reads_yaml_scalars():
     assert parse_pairs(["max-num-seqs=64", "enforce_eager=true", "gpu-memory-utilization=0.9", "x=abc"]) == {
         "max_num_seqs": 64, "enforce_eager": True, "gpu_memory_utilization": 0.9, "x": "abc"}
-    with pytest.raises(ValueError, match="not key=value"):
+    with pytest.raises(ServetuneError, match="not key=value"):
         parse_pairs(["max-num-seqs"])
 
 

@@ -90,7 +90,7 @@ def test_word_level_prompts_sized_by_tokens_alone_are_refused_by_their_character
         assert answer.status_code == 400 and "characters" in answer.text  # vLLM's own refusal
         plan = TrialPlan(str(model), spec, {}, "goodput", [requests])
         refusal = preflight(engine.base_url, plan)
-        assert refusal["kind"] == "rejects_workload" and refusal["rejected_fraction"] == 1.0
-        assert f"the server has {by_tokens}" in refusal["reason"]
+        assert refusal.kind == "rejects_workload" and refusal.rejected_fraction == 1.0
+        assert f"the server has {by_tokens}" in refusal.reason
     finally:
         engine.stop()

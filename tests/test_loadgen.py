@@ -84,7 +84,7 @@ def test_warmup_requests_are_recorded_apart(fast):
     assert [r.warmup for r in result.records] == [True] * 3 + [False] * 10
     assert [r.index for r in result.records] == list(range(13))
     assert len(seen) == 13
-    assert summarize(result)["completed"] == 10
+    assert summarize(result).completed == 10
 
 
 def test_max_concurrency_is_respected(slow):
@@ -115,7 +115,7 @@ def test_errors_are_recorded_not_raised(fast):
     assert cut.error_kind == "disconnect" and len(cut.chunk_ns) == 3  # partial timestamps kept
     assert broken.error_kind == "stream" and len(broken.chunk_ns) == 2
     assert all(r.ok for r in good)
-    assert summarize(result)["errors"] == {"http_500": 1, "disconnect": 1, "stream": 1}
+    assert summarize(result).errors == {"http_500": 1, "disconnect": 1, "stream": 1}
 
 
 def test_connection_refused_is_recorded():
@@ -156,7 +156,7 @@ def test_a_stream_that_ends_short_of_max_tokens_fails_as_short(fast, endpoint):
     (r,) = result.records
     assert r.error == "short: the stream ended after 3 of 8 tokens" if endpoint == "completions" else (
         r.error_kind == "short")
-    assert summarize(result)["errors"] == {"short": 1} and summarize(result)["completed"] == 0
+    assert summarize(result).errors == {"short": 1} and summarize(result).completed == 0
 
 
 def test_a_malformed_event_fails_the_request(fast):
@@ -227,13 +227,13 @@ def test_same_numbers_as_vllm_bench_request_function(slow, endpoint, backend, pa
     theirs = asyncio.run(vllm_side())
     ours = summarize(run_load_sync(Target(slow, "m", endpoint), specs(n, tokens), max_concurrency=1))
     assert all(o.success for o in theirs)
-    assert ours["total_output_tokens"] == sum(o.output_tokens for o in theirs) == n * tokens
-    assert ours["total_input_tokens"] == sum(o.prompt_len for o in theirs)
+    assert ours.total_output_tokens == sum(o.output_tokens for o in theirs) == n * tokens
+    assert ours.total_input_tokens == sum(o.prompt_len for o in theirs)
     itls = [x for o in theirs for x in o.itl]
-    assert ours["completed"] * (len(itls) // n) == len(itls)  # as many ITLs per request
-    assert ours["mean_itl_ms"] == pytest.approx(np.mean(itls) * 1e3, rel=0.05)
-    assert ours["median_itl_ms"] == pytest.approx(np.median(itls) * 1e3, rel=0.05)
-    assert ours["mean_e2el_ms"] == pytest.approx(np.mean([o.latency for o in theirs]) * 1e3, rel=0.05)
+    assert ours.completed * (len(itls) // n) == len(itls)  # as many ITLs per request
+    assert ours.mean_itl_ms == pytest.approx(np.mean(itls) * 1e3, rel=0.05)
+    assert ours.median_itl_ms == pytest.approx(np.median(itls) * 1e3, rel=0.05)
+    assert ours.mean_e2el_ms == pytest.approx(np.mean([o.latency for o in theirs]) * 1e3, rel=0.05)
     tpot = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in theirs]
-    assert ours["mean_tpot_ms"] == pytest.approx(np.mean(tpot) * 1e3, rel=0.05)
-    assert ours["mean_ttft_ms"] == pytest.approx(np.mean([o.ttft for o in theirs]) * 1e3, abs=3)
+    assert ours.mean_tpot_ms == pytest.approx(np.mean(tpot) * 1e3, rel=0.05)
+    assert ours.mean_ttft_ms == pytest.approx(np.mean([o.ttft for o in theirs]) * 1e3, abs=3)

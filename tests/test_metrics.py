@@ -8,10 +8,8 @@ from servetune.loadgen.records import LoadResult, RequestRecord
 from servetune.metrics import (
     LATE_MS,
     SCHEDULE_LAG_BOUND_MS,
-    keep_up_ratio,
-    keep_up_se,
+    keep_up,
     schedule_lag_ms,
-    steady_request_rate,
     summarize,
 )
 
@@ -49,42 +47,42 @@ def mixed():
 
 def test_counts_totals_and_throughput(mixed):
     s = summarize(mixed)
-    assert s["duration"] == 2.0
-    assert (s["completed"], s["failed"]) == (3, 1)
-    assert s["errors"] == {"http_500": 1, "cancelled": 1}
-    assert s["total_input_tokens"] == 10 + 20 + 7
-    assert s["total_output_tokens"] == 3 + 5 + 1
-    assert s["request_throughput"] == 1.5
-    assert s["output_throughput"] == 4.5
-    assert s["total_token_throughput"] == 23.0
-    assert s["request_goodput"] is None
-    assert s["max_output_tokens_per_s"] == 8  # 3 + 5 token chunks in the first second
-    assert s["max_concurrent_requests"] == 2  # requests 1 and 2 are both active in second 0
+    assert s.duration == 2.0
+    assert (s.completed, s.failed) == (3, 1)
+    assert s.errors == {"http_500": 1, "cancelled": 1}
+    assert s.total_input_tokens == 10 + 20 + 7
+    assert s.total_output_tokens == 3 + 5 + 1
+    assert s.request_throughput == 1.5
+    assert s.output_throughput == 4.5
+    assert s.total_token_throughput == 23.0
+    assert s.request_goodput is None
+    assert s.max_output_tokens_per_s == 8  # 3 + 5 token chunks in the first second
+    assert s.max_concurrent_requests == 2  # requests 1 and 2 are both active in second 0
 
 
 def test_latency_distributions(mixed):
     s = summarize(mixed, percentiles=(50, 90, 99, 99.9))
     # TTFT 100, 200, 50 ms
-    assert s["mean_ttft_ms"] == pytest.approx(350 / 3)
-    assert s["median_ttft_ms"] == pytest.approx(100)
+    assert s.mean_ttft_ms == pytest.approx(350 / 3)
+    assert s.median_ttft_ms == pytest.approx(100)
     mean = 350 / 3
-    assert s["std_ttft_ms"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in (100, 200, 50)) / 3))
-    assert s["p90_ttft_ms"] == pytest.approx(180)  # linear between 100 and 200 at 0.8
-    assert s["p99_ttft_ms"] == pytest.approx(198)
-    assert s["p99.9_ttft_ms"] == pytest.approx(199.8)
+    assert s.std_ttft_ms == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in (100, 200, 50)) / 3))
+    assert s.p90_ttft_ms == pytest.approx(180)  # linear between 100 and 200 at 0.8
+    assert s.p99_ttft_ms == pytest.approx(198)
+    assert getattr(s, "p99.9_ttft_ms") == pytest.approx(199.8)
     # TPOT (e2el - ttft)/(n - 1): (150-100)/2 = 25, (240-200)/4 = 10; the 1-token request has none
-    assert s["mean_tpot_ms"] == pytest.approx(17.5)
-    assert s["p90_tpot_ms"] == pytest.approx(23.5)
+    assert s.mean_tpot_ms == pytest.approx(17.5)
+    assert s.p90_tpot_ms == pytest.approx(23.5)
     # ITL: 20, 30 and 10, 10, 10, 10
-    assert s["mean_itl_ms"] == pytest.approx(15)
-    assert s["median_itl_ms"] == pytest.approx(10)
-    assert s["p90_itl_ms"] == pytest.approx(25)
+    assert s.mean_itl_ms == pytest.approx(15)
+    assert s.median_itl_ms == pytest.approx(10)
+    assert s.p90_itl_ms == pytest.approx(25)
     # E2EL to the last token chunk: 150, 240, 50
-    assert s["mean_e2el_ms"] == pytest.approx(440 / 3)
-    assert s["median_e2el_ms"] == pytest.approx(150)
+    assert s.mean_e2el_ms == pytest.approx(440 / 3)
+    assert s.median_e2el_ms == pytest.approx(150)
     # schedule lag over every sent timed request: 1, 2, 3, 5, 4 ms
-    assert s["p99_schedule_lag_ms"] == pytest.approx(4.96)
-    assert (s["late_requests"], s["client_lagging"]) == (0, False)
+    assert s.p99_schedule_lag_ms == pytest.approx(4.96)
+    assert (s.late_requests, s.client_lagging) == (0, False)
 
 
 def test_waiting_for_a_concurrency_slot_is_not_lag():
@@ -95,8 +93,8 @@ def test_waiting_for_a_concurrency_slot_is_not_lag():
                rec(2, 260, (300,), tokens=1, lag_ms=60, slot_freed_ms=150)]
     assert [schedule_lag_ms(r) for r in records] == pytest.approx([3, 0.5, 60])
     s = summarize(level(records))
-    assert s["p99_schedule_lag_ms"] == pytest.approx(58.86)  # rank 0.99 * 2 = 1.98: 3 + 0.98 * (60 - 3)
-    assert s["late_requests"] == 0
+    assert s.p99_schedule_lag_ms == pytest.approx(58.86)  # rank 0.99 * 2 = 1.98: 3 + 0.98 * (60 - 3)
+    assert s.late_requests == 0
 
 
 def test_late_requests_and_a_lagging_client():
@@ -107,45 +105,45 @@ def test_late_requests_and_a_lagging_client():
     records = [rec(i, 1000 + i, (1100 + i,), tokens=1, lag_ms=lag) for i, lag in enumerate(lags)]
     records.append(rec(103, 1500, (), 1510, lag_ms=400, error="cancelled"))
     s = summarize(level(records))
-    assert s["late_requests"] == 3
+    assert s.late_requests == 3
     # 104 lags, p99 at rank 0.99 * 103 = 101.97: between 101 (rank 101) and 250 (rank 102)
-    assert s["p99_schedule_lag_ms"] == pytest.approx(101 + 0.97 * 149)
-    assert s["client_lagging"] is True
+    assert s.p99_schedule_lag_ms == pytest.approx(101 + 0.97 * 149)
+    assert s.client_lagging is True
     on_time = summarize(level([rec(i, 1000 + i, (1100 + i,), tokens=1, lag_ms=i % 50) for i in range(100)]))
-    assert on_time["p99_schedule_lag_ms"] == pytest.approx(49)
-    assert (on_time["late_requests"], on_time["client_lagging"]) == (0, False)
+    assert on_time.p99_schedule_lag_ms == pytest.approx(49)
+    assert (on_time.late_requests, on_time.client_lagging) == (0, False)
 
 
 def test_goodput_needs_every_slo(mixed):
     # good: #1 (ttft 100, tpot 25) and #4 (ttft 50, one token so tpot 0); #2 has ttft 200
-    assert summarize(mixed, {"ttft_ms": 150, "tpot_ms": 30})["request_goodput"] == 1.0
-    assert summarize(mixed, {"ttft_ms": 150, "tpot_ms": 20})["request_goodput"] == 0.5
-    assert summarize(mixed, {"e2el_ms": 240})["request_goodput"] == 1.5
+    assert summarize(mixed, {"ttft_ms": 150, "tpot_ms": 30}).request_goodput == 1.0
+    assert summarize(mixed, {"ttft_ms": 150, "tpot_ms": 20}).request_goodput == 0.5
+    assert summarize(mixed, {"e2el_ms": 240}).request_goodput == 1.5
     with pytest.raises(ValueError, match="ttft"):
         summarize(mixed, {"ttft": 100})
 
 
 def test_no_successful_request_gives_zeros():
     s = summarize(level([rec(0, 0, (), 5, error="connect: refused")]))
-    assert (s["completed"], s["failed"], s["mean_ttft_ms"], s["p99_e2el_ms"]) == (0, 1, 0.0, 0.0)
-    assert s["errors"] == {"connect": 1} and s["steady_request_rate"] is None
+    assert (s.completed, s.failed, s.mean_ttft_ms, s.p99_e2el_ms) == (0, 1, 0.0, 0.0)
+    assert s.errors == {"connect": 1} and s.steady_request_rate is None
 
 
 def test_steady_rate_hand_computed():
     # 21 sends 100 ms apart, 250 ms each: fill = p90 e2el = 250 ms, W = (250, 2000] ms;
     # ends at 350 ... 1950 ms fall in W: 17 completions / 1.75 s
     records = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2) for i in range(21)]
-    assert steady_request_rate(level(records)) == pytest.approx(17 / 1.75)
+    assert keep_up(level(records)).steady_request_rate == pytest.approx(17 / 1.75)
 
 
 def test_keep_up_se_counts_the_requests_in_one_window_only():
     # as above, but request 5 takes 2 s: it arrived in the send window (100 ... 1700 ms: 17 requests) and
     # ends past the completion window (250, 2000]: 16 of 17 complete there, one request unmatched
     records = [rec(i, 100 * i, (100 * i + 50, 100 * i + (2000 if i == 5 else 250)), tokens=2) for i in range(21)]
-    assert keep_up_ratio(level(records)) == pytest.approx(16 / 17)
-    assert keep_up_se(level(records)) == pytest.approx(1 / 17)
+    assert keep_up(level(records)).ratio == pytest.approx(16 / 17)
+    assert keep_up(level(records)).se == pytest.approx(1 / 17)
     steady = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2) for i in range(21)]
-    assert keep_up_se(level(steady)) == 0.0
+    assert keep_up(level(steady)).se == 0.0
 
 
 def fifo_level(offered, capacity, n, base_ms=300.0):
@@ -162,33 +160,33 @@ def fifo_level(offered, capacity, n, base_ms=300.0):
 
 def test_steady_rate_keeping_up_matches_offered():
     result = fifo_level(offered=20, capacity=1000, n=400)
-    assert steady_request_rate(result) == pytest.approx(20, rel=0.02)
+    assert keep_up(result).steady_request_rate == pytest.approx(20, rel=0.02)
 
 
 def test_short_overloaded_level_does_not_look_like_keeping_up():
     result = fifo_level(offered=26, capacity=19.5, n=130)  # a 5 s level
     s = summarize(result)
-    assert s["steady_request_rate"] == pytest.approx(19.5, rel=0.05)
-    assert s["steady_request_rate"] < 0.9 * s["offered_request_rate"]
+    assert s.steady_request_rate == pytest.approx(19.5, rel=0.05)
+    assert s.steady_request_rate < 0.9 * s.offered_request_rate
 
 
 def test_keep_up_ratio_sees_the_queue_not_the_arrival_noise():
-    assert keep_up_ratio(fifo_level(offered=20, capacity=1000, n=400)) == pytest.approx(1.0, abs=0.02)
-    assert keep_up_ratio(fifo_level(offered=26, capacity=19.5, n=130)) == pytest.approx(0.75, abs=0.05)
+    assert keep_up(fifo_level(offered=20, capacity=1000, n=400)).ratio == pytest.approx(1.0, abs=0.02)
+    assert keep_up(fifo_level(offered=26, capacity=19.5, n=130)).ratio == pytest.approx(0.75, abs=0.05)
     # Poisson-like bunching: arrivals sparse in the steady part, every one served at once
     gaps = [10, 10, 10, 10, 300, 300, 300, 300] * 12
     starts = [sum(gaps[:i]) for i in range(len(gaps))]
     bursty = level([rec(i, t, (t + 20, t + 50), tokens=2) for i, t in enumerate(starts)], rate=12.0)
-    assert keep_up_ratio(bursty) == pytest.approx(1.0, abs=0.05)
+    assert keep_up(bursty).ratio == pytest.approx(1.0, abs=0.05)
 
 
 def test_steady_rate_none_when_all_sent_at_once():
     records = [rec(i, 0, (100, 200), tokens=2) for i in range(10)]
-    assert steady_request_rate(level(records, rate=math.inf)) is None
+    assert keep_up(level(records, rate=math.inf)).steady_request_rate is None
 
 
 def test_steady_rate_sees_a_stalled_server():
     # keeps up for 2 s of a 10 s schedule, then nothing completes
     records = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2,
                    error=None if i < 20 else "timeout: x") for i in range(101)]
-    assert steady_request_rate(level(records)) < 3
+    assert keep_up(level(records)).steady_request_rate < 3

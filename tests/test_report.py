@@ -13,6 +13,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+import outcomes
+from servetune.engine.logfacts import StartupFacts
+from servetune.outcome import LevelOutcome, TrialOutcome
 from servetune.report import write_report
 from servetune.report.charts import pareto_front
 from servetune.search.objective import RateSearch
@@ -24,46 +27,45 @@ SLO = {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 40.0}
 OOM = "CUDA out of memory while profiling the KV cache (tried to allocate 2.00 GiB)"
 
 
-def level(name: str, rate: float, capacity: float, tpot0: float, ttft0: float, slo: dict) -> dict:
+def level(name: str, rate: float, capacity: float, tpot0: float, ttft0: float, slo: dict) -> LevelOutcome:
     """A load level of a config that serves `capacity` req/s, its p99s growing with the load."""
     load = 1.0 if math.isinf(rate) else min(rate / capacity, 0.97)
     ttft = ttft0 * 40 if math.isinf(rate) else ttft0 / (1 - load)
     metrics = {"request_throughput": capacity if math.isinf(rate) else rate * 0.99, "completed": 300, "failed": 0,
                "p99_ttft_ms": ttft, "p99_tpot_ms": tpot0 * (1 + 2 * load**3), "mean_ttft_ms": ttft / 3,
-               "mean_tpot_ms": tpot0, "offered_request_rate": rate, "steady_request_rate": min(rate, capacity),
-               "errors": {}}
+               "mean_tpot_ms": tpot0, "steady_request_rate": min(rate, capacity)}
     reasons = [f"{k} {metrics['p99_' + k.split('_')[0] + '_ms']:.1f} > {v:g}" for k, v in slo.items()
                if metrics["p99_" + k.split("_")[0] + "_ms"] > v]
-    return {"name": name, "rate": rate, "passed": not reasons, "reasons": reasons, "metrics": metrics,
-            "server": {"num_preemptions": 0.0, "kv_cache_usage_perc": 0.4 * load}, "records": "level.jsonl"}
+    return outcomes.level(name, rate, passed=not reasons, reasons=reasons,
+                          server={"num_preemptions": 0.0, "kv_cache_usage_perc": 0.4 * load}, **metrics)
 
 
 def ran(config: dict, capacity: float, tpot0: float, ttft0: float, objective: str = "goodput", slo=SLO,
-        preemptions: int = 0) -> dict:
+        preemptions: int = 0) -> TrialOutcome:
     """The outcome of a config that launched and was measured like trial.run_trial measures it."""
     levels = [level("capacity", math.inf, capacity, tpot0, ttft0, slo)]
-    out = {"status": "ok", "failure": None, "config": config, "request_throughput": capacity,
-           "startup": {"kv_cache_tokens": 400_000 + 1000 * len(config), "max_concurrency": 97.6, "ready_s": 41.5}}
+    out: dict = {"request_throughput": capacity,
+                 "startup": StartupFacts(kv_cache_tokens=400_000 + 1000 * len(config), max_concurrency=97.6,
+                                         ready_s=41.5)}
     if objective == "goodput":
         search = RateSearch(capacity)
         while (rate := search.next_rate()) is not None:
             levels.append(level("search", rate, capacity, tpot0, ttft0, slo))
-            search.tell(rate, levels[-1]["passed"])
-        out |= {"goodput_rate": search.goodput_rate, "goodput_bracket": list(search.bracket)}
-    passing = [lv for lv in levels if lv["passed"] and math.isfinite(lv["rate"])]
-    decisive = max(passing, key=lambda lv: lv["rate"]) if passing else levels[0]
-    return out | {"levels": levels, "p99_ttft_ms": decisive["metrics"]["p99_ttft_ms"],
-                  "p99_tpot_ms": decisive["metrics"]["p99_tpot_ms"], "preemptions": preemptions}
+            search.tell(rate, levels[-1].passed)
+        out |= {"goodput_rate": search.goodput_rate, "goodput_bracket": search.bracket}
+    passing = [lv for lv in levels if lv.passed and math.isfinite(lv.rate)]
+    decisive = max(passing, key=lambda lv: lv.rate) if passing else levels[0]
+    return outcomes.ok(config, levels=levels, p99_ttft_ms=decisive.metrics.p99_ttft_ms,
+                       p99_tpot_ms=decisive.metrics.p99_tpot_ms, preemptions=preemptions, **out)
 
 
-def failed(config: dict, kind: str, reason: str) -> dict:
-    return {"status": "failed", "config": config, "levels": [], "startup": None,
-            "failure": {"kind": kind, "reason": reason, "log_path": "/out/trials/0003/server.log"}}
+def failed(config: dict, kind: str, reason: str) -> TrialOutcome:
+    return outcomes.failed(config, kind, reason, artifacts="trials/0003")
 
 
-def make_study(path: Path, trials: list[tuple[str, dict, dict | str]], objective: str = "goodput",
+def make_study(path: Path, trials: list[tuple[str, dict, TrialOutcome | str]], objective: str = "goodput",
                slo=SLO) -> str:
-    """A study in SQLite at `path`: each trial is (role, params, outcome dict or the reason it was skipped)."""
+    """A study in SQLite at `path`: each trial is (role, params, outcome or the reason it was skipped)."""
     storage = f"sqlite:///{path}"
     study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize")
     study.set_user_attr("meta", {
@@ -78,9 +80,8 @@ def make_study(path: Path, trials: list[tuple[str, dict, dict | str]], objective
         if isinstance(result, str):
             state, value, attrs = TrialState.PRUNED, None, attrs | {"skipped": result}
         else:
-            ok = result["status"] == "ok"
-            value = (result["goodput_rate"] if objective == "goodput" else result["request_throughput"]) if ok else None
-            state, attrs = (TrialState.COMPLETE if ok else TrialState.PRUNED), attrs | {"outcome": result}
+            value = (result.goodput_rate if objective == "goodput" else result.request_throughput) if result.ok else None
+            state, attrs = (TrialState.COMPLETE if result.ok else TrialState.PRUNED), attrs | {"outcome": result.stored()}
         study.add_trial(optuna.trial.create_trial(state=state, value=value, params=params, distributions=dists,
                                                   user_attrs=attrs))
     return storage

@@ -3,14 +3,16 @@
 import math
 
 import optuna
+import outcomes
 import pytest
 from optuna.trial import TrialState
 
 from servetune.engine.installed import InstalledVllm
+from servetune.errors import ServetuneError
+from servetune.results import choose_best, vllm_config_yaml
 from servetune.search.objective import RateSearch, level_verdict, parse_slo
 from servetune.search.space import SearchSpace, batched_tokens_ladder, build_space
 from servetune.search.strategies import SeedStrategy, make_strategy, suggest
-from servetune.tune import choose_best, vllm_config_yaml
 
 FLAGS = {name: {"kind": "value", "default": None, "choices": None} for name in (
     "max_num_batched_tokens", "max_model_len", "max_num_seqs", "gpu_memory_utilization", "block_size")}
@@ -35,7 +37,7 @@ def test_space_drops_flags_vllm_lacks_and_user_fixed_ones():
     names = [k.name for k in build_space(old, 512, fixed={"max_num_seqs": 8}).knobs]
     assert "enforce_eager" not in names and "max_num_seqs" not in names
     assert [k.name for k in build_space(GPU, 512, optional=["block_size"]).knobs][-1] == "block_size"
-    with pytest.raises(ValueError, match="unknown optional knob"):
+    with pytest.raises(ServetuneError, match="unknown optional knob"):
         build_space(GPU, 512, optional=["warp_speed"])
 
 
@@ -51,16 +53,16 @@ def test_constraint_chunked_prefill_off_needs_a_whole_request_per_batch():
 
 def test_slo_names_and_values_are_checked():
     assert parse_slo({"ttft_p99_ms": 500}) == {"ttft_p99_ms": 500.0}
-    with pytest.raises(ValueError, match="unknown SLO ttft_ms"):
+    with pytest.raises(ServetuneError, match="unknown SLO ttft_ms"):
         parse_slo({"ttft_ms": 5})
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ServetuneError, match="positive"):
         parse_slo({"tpot_p99_ms": -1})
 
 
 def _metrics(**kw):
     base = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 20.0, "p99_itl_ms": 30.0, "p99_e2el_ms": 900.0, "failed": 0,
             "stopped_early": False, "offered_request_rate": 10.0, "steady_request_rate": 9.8, "keep_up_ratio": 0.99}
-    return base | kw
+    return outcomes.level_metrics(**(base | kw))
 
 
 def test_level_verdict_needs_slos_met_and_the_server_keeping_up():
@@ -127,9 +129,8 @@ def test_best_yaml_uses_vllm_flag_names():
 def _tell(study, value=None, preemptions=0, failed=False):
     trial = study.ask()
     params = suggest(trial, SPACE) if trial.user_attrs.get("role") != "default" else {}
-    out = {"status": "failed" if failed else "ok", "preemptions": preemptions,
-           "failure": {"kind": "oom"} if failed else None}
-    trial.set_user_attr("outcome", out)
+    out = outcomes.failed(kind="oom") if failed else outcomes.ok(preemptions=preemptions)
+    trial.set_user_attr("outcome", out.stored())
     if failed:
         study.tell(trial, state=TrialState.PRUNED)
     else:

@@ -232,12 +232,12 @@ def test_per_turn_metrics_by_hand():
                record(1, 100, [150, 160, 170], 500),  # TTFT 50, TPOT 10
                record(1, 100, [101, 102, 103], 999, ok=False)]  # failed: not counted
     turns = per_turn(records)
-    assert turns["0"]["completed"] == 2 and turns["0"]["mean_input_tokens"] == 150
-    assert turns["0"]["mean_ttft_ms"] == 20 and turns["0"]["mean_tpot_ms"] == 3
-    assert turns["0"]["p99_ttft_ms"] == pytest.approx(10 + 0.99 * 20)
-    assert turns["1"] == {"completed": 1, "mean_input_tokens": 500, "mean_ttft_ms": 50, "median_ttft_ms": 50,
-                          "std_ttft_ms": 0, "p99_ttft_ms": 50, "mean_tpot_ms": 10, "median_tpot_ms": 10,
-                          "std_tpot_ms": 0, "p99_tpot_ms": 10}
+    assert turns["0"].completed == 2 and turns["0"].mean_input_tokens == 150
+    assert turns["0"].mean_ttft_ms == 20 and turns["0"].mean_tpot_ms == 3
+    assert turns["0"].p99_ttft_ms == pytest.approx(10 + 0.99 * 20)
+    assert turns["1"].model_dump() == {"completed": 1, "mean_input_tokens": 500, "mean_ttft_ms": 50,
+                                       "median_ttft_ms": 50, "std_ttft_ms": 0, "p99_ttft_ms": 50, "mean_tpot_ms": 10,
+                                       "median_tpot_ms": 10, "std_tpot_ms": 0, "p99_tpot_ms": 10}
     assert per_turn([RequestRecord(0, 1, 1, False, 0)]) == {}
 
 
@@ -259,7 +259,7 @@ def test_real_server_sees_the_history_and_hits_its_prefix_cache(vllm_server, tin
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert r.prompt_tokens == len(tok(text, add_special_tokens=False).input_ids)
         assert r.output_tokens == 16 and r.reply
-    assert set(level.metrics["per_turn"]) == {"0", "1", "2"}
+    assert set(level.metrics.per_turn) == {"0", "1", "2"}
     assert level.server["prefix_cache_hits"] > 0 and 0 < level.server["prefix_cache_hit_rate"] < 1
 
 

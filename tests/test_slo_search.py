@@ -2,6 +2,7 @@
 measured trials rule out (a prefill step longer than the p99 ITL SLO)."""
 
 import optuna
+import outcomes
 
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.strategies import make_strategy
@@ -51,7 +52,7 @@ def test_the_ladder_climbs_from_the_anchor_and_does_not_come_back_down():
         walked.append(chunk)
         trial = study.ask()
         assert trial.user_attrs["role"] == "ladder" and f"chunk {chunk}" in trial.user_attrs["why"]
-        trial.set_user_attr("outcome", {"status": "ok"})
+        trial.set_user_attr("outcome", outcomes.ok().stored())
         study.tell(trial, values[chunk])
     assert walked == [512, 1024, 2048, 4096]  # climbed past the start: 256 is never tried
 
@@ -65,8 +66,8 @@ def test_without_a_latency_slo_the_warm_start_is_the_single_anchor():
 
 def _outcome(levels):
     """levels: (rate, completed, total input tokens, median TTFT ms)."""
-    return {"levels": [{"rate": rate, "metrics": {"completed": n, "total_input_tokens": tokens,
-                                                  "median_ttft_ms": ttft}} for rate, n, tokens, ttft in levels]}
+    return outcomes.ok(levels=[outcomes.level("search", rate, completed=n, total_input_tokens=tokens,
+                                              median_ttft_ms=ttft) for rate, n, tokens, ttft in levels])
 
 
 def test_prefill_speed_is_the_fastest_quiet_level_of_any_trial():

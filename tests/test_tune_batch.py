@@ -8,11 +8,14 @@ from concurrent.futures import Future
 import optuna
 from optuna.trial import TrialState
 
-from servetune.engine import probe
+import outcomes
 import pytest
 
+from servetune.engine import probe
+from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study import STUDY_NAME
+from servetune.trial import LevelOptions
 from servetune.tune import TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
@@ -52,13 +55,12 @@ class StandIn:
             future.set_exception(WorkerLost(f"stand-in worker of trial {job.number} died"))
             return
         rate = (job.config.get("max_num_seqs") or 256) / 64
-        metrics = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "request_throughput": 2 * rate}
-        future.set_result({
-            "config": job.config, "status": "ok", "failure": None, "startup": {"kv_cache_tokens": None},
-            "levels": [{"name": "capacity", "rate": float("inf"), "passed": True, "metrics": metrics}],
-            "goodput_rate": rate, "goodput_bracket": [rate, rate * 1.1], "request_throughput": 2 * rate,
-            "p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "preemptions": 0,
-        })
+        capacity = outcomes.level("capacity", float("inf"), p99_ttft_ms=100.0, p99_tpot_ms=10.0,
+                                  request_throughput=2 * rate)
+        future.set_result(outcomes.ok(
+            job.config, startup=StartupFacts(), levels=[capacity], goodput_rate=rate,
+            goodput_bracket=(rate, rate * 1.1), request_throughput=2 * rate, p99_ttft_ms=100.0, p99_tpot_ms=10.0,
+            preemptions=0))
 
     def close(self) -> None:
         pass
@@ -69,8 +71,9 @@ def options(model, tmp_path, storage: str, budget: int) -> TuneOptions:
                                             "output_len": {"type": "fixed", "value": 8}})
     # a TTFT SLO: the warm start is the single anchor (a TPOT/ITL SLO starts the chunk ladder instead)
     return TuneOptions(model=str(model), workload=workload, out=tmp_path / "out", slo={"ttft_p99_ms": 500},
-                       strategy="optuna", budget=budget, storage=storage, level_requests=20, max_levels=1,
-                       parallel=2, confirm=None)  # the search loop alone (tests/test_confirm.py: confirmation)
+                       strategy="optuna", budget=budget, storage=storage,
+                       levels=LevelOptions(requests=20, max_levels=1), parallel=2,
+                       confirm=None)  # the search loop alone (tests/test_confirm.py: confirmation)
 
 
 def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_model, tmp_path):

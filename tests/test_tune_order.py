@@ -7,7 +7,9 @@ import pytest
 
 from servetune.engine import probe
 from servetune.executors import Job
+from servetune.outcome import Failure, TrialOutcome
 from servetune.study import StudyError
+from servetune.trial import LevelOptions
 from servetune.tune import Hooks, TuneOptions, tune
 from servetune.workload import WorkloadError, WorkloadSpec
 
@@ -28,7 +30,7 @@ class NeverProbed:
 
 def options(model, tmp_path, **kw) -> TuneOptions:
     return TuneOptions(model=str(model), workload=WorkloadSpec.model_validate(kw.pop("workload", WORKLOAD)),
-                       out=tmp_path / "out", slo={"ttft_p99_ms": 500}, level_requests=20, max_levels=1,
+                       out=tmp_path / "out", slo={"ttft_p99_ms": 500}, levels=LevelOptions(requests=20, max_levels=1),
                        confirm=None, **kw)
 
 
@@ -77,8 +79,7 @@ class InProcess:
     def submit(self, job: Job) -> Future:
         self.events.append(("ran", job.number))
         future: Future = Future()
-        future.set_result({"config": job.config, "status": "failed", "levels": [], "startup": {},
-                           "failure": {"kind": "exited", "reason": "stand-in"}})
+        future.set_result(TrialOutcome.failed(job.config, Failure(kind="exited", reason="stand-in")))
         return future
 
     def close(self) -> None:

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 import httpx
 
 from servetune.engine import scrape
+from servetune.errors import ServetuneError
 from servetune.loadgen import LoadResult, RequestRecord, Target, run_load_sync
-from servetune.metrics import summarize
+from servetune.metrics import LevelMetrics, summarize
 from servetune.workload import RequestSpec
 
 
@@ -23,7 +24,7 @@ def default_request_timeout_s(requests: Sequence[RequestSpec]) -> float:
     return STALL_FLOOR_S + sum(r.prompt_len + r.output_len for r in requests) / SLOW_TOKENS_PER_S
 
 
-class ServerUnreachable(RuntimeError):
+class ServerUnreachable(ServetuneError):
     """The server does not answer, or does not serve the model asked for."""
 
 
@@ -32,7 +33,7 @@ class LevelResult:
     """A load level's raw records, its metrics, and the server's counters over it (None if unscraped)."""
 
     load: LoadResult
-    metrics: dict
+    metrics: LevelMetrics
     server: dict | None
 
 
@@ -43,7 +44,11 @@ def check_server(target: Target, timeout_s: float = 10.0) -> None:
         response.raise_for_status()
     except httpx.HTTPError as e:
         raise ServerUnreachable(f"cannot reach an OpenAI-compatible server at {target.base_url}: {e}") from None
-    served = [m["id"] for m in response.json().get("data", [])]
+    try:
+        listing = response.json()
+    except ValueError as e:  # not JSON: not an OpenAI-compatible server
+        raise ServerUnreachable(f"{target.base_url}/v1/models did not answer JSON: {e}") from None
+    served = [m["id"] for m in listing.get("data", [])]
     if target.model not in served:
         raise ServerUnreachable(f"{target.base_url} does not serve model {target.model!r}; it serves {served}")
 

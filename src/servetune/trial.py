@@ -18,8 +18,10 @@ import httpx
 
 from servetune.bench import measure_level
 from servetune.engine import Engine, EngineFailed
+from servetune.engine.logfacts import FailureKind
 from servetune.loadgen import RequestRecord, Target
 from servetune.metrics import tpot_ms, ttft_ms
+from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
 from servetune.search.objective import RateSearch, level_verdict, rejected_requests
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.trace import trace_rate
@@ -27,7 +29,21 @@ from servetune.workload.trace import trace_rate
 SATURATION_MIN_FINISHED = 20
 
 
-@dataclass
+@dataclass(frozen=True)
+class LevelOptions:
+    """How load levels are sized and timed, the same for every trial of a study."""
+
+    seconds: float = 30.0  # target length of a level
+    requests: int = 300  # most requests in a level (the size of each prompt set)
+    min_requests: int = 50  # fewest requests in a level
+    max_levels: int = 6  # levels per trial in the rate search
+    warmup_requests: int = 8
+    resolution: float = 0.05
+    request_timeout_s: float | None = None  # None: derived from each level's requests (bench.default_request_timeout_s)
+    startup_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
 class TrialPlan:
     """Everything a trial measures with, the same for every config of a study."""
 
@@ -36,22 +52,9 @@ class TrialPlan:
     slo: dict[str, float]
     objective: str  # "goodput" or "throughput"
     level_sets: list[list[RequestSpec]]  # a fresh prompt set per level; set 0 is for the capacity level
-    level_seconds: float = 30.0
-    min_level_requests: int = 50
-    warmup_requests: int = 8
-    max_levels: int = 6
-    resolution: float = 0.05
-    startup_timeout_s: float = 900.0
-    request_timeout_s: float | None = None  # None: derived from each level's requests (bench.default_request_timeout_s)
+    levels: LevelOptions = LevelOptions()
     engine_env: dict[str, str] = field(default_factory=dict)
     fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # confirmation: (rate, seed) each
-
-
-@dataclass
-class LevelSpec:
-    name: str
-    rate: float
-    requests: list[RequestSpec]
 
 
 def requests_per_s(plan: TrialPlan, rate: float) -> float:
@@ -61,10 +64,10 @@ def requests_per_s(plan: TrialPlan, rate: float) -> float:
 
 
 def level_size(plan: TrialPlan, rate: float, available: int) -> int:
-    """Requests in a level at `rate`: `level_seconds` worth, at least `min_level_requests`."""
+    """Requests in a level at `rate`: `levels.seconds` worth, at least `levels.min_requests`."""
     if not math.isfinite(rate):
         return available
-    return max(plan.min_level_requests, min(available, round(requests_per_s(plan, rate) * plan.level_seconds)))
+    return max(plan.levels.min_requests, min(available, round(requests_per_s(plan, rate) * plan.levels.seconds)))
 
 
 def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Sequence[RequestRecord]], bool]:
@@ -96,34 +99,38 @@ def run_trial(
     *,
     on_level: Callable[[str, float, int], None] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
-) -> dict:
-    """Launch, measure, stop. Returns the outcome as a JSON-ready dict (see README: trial outcome)."""
+) -> TrialOutcome:
+    """Launch, measure, stop. The outcome's paths are relative to `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    engine = Engine(plan.model, engine_args, out_dir / "server.log", startup_timeout_s=plan.startup_timeout_s,
+    engine = Engine(plan.model, engine_args, out_dir / "server.log", startup_timeout_s=plan.levels.startup_timeout_s,
                     extra_env=plan.engine_env)
-    outcome: dict[str, Any] = {"config": engine.engine_args, "levels": [], "failure": None,
-                               "rate_unit": plan.workload.rate_unit}
+    facts: dict[str, Any] = {"rate_unit": plan.workload.rate_unit}
     try:
-        outcome["startup"] = engine.start().to_dict()
+        facts["startup"] = engine.start()
     except EngineFailed as e:
-        return outcome | {"status": "failed", "failure": e.failure.to_dict()}
+        failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=engine.log_path.name)
+        return TrialOutcome.failed(engine.engine_args, failure, **facts)
+    levels: list[LevelOutcome] = []
+    search = None
     try:
         refusal = preflight(engine.base_url, plan)
         if refusal is None:
-            _measure(plan, engine, out_dir, outcome, on_level, on_record)
+            search = _measure(plan, engine, out_dir, levels, on_level, on_record)
     finally:
         alive = engine.alive()
         engine.stop()
     if refusal is not None:
-        return outcome | {"status": "failed", "failure": refusal}
+        return TrialOutcome.failed(engine.engine_args, refusal, **facts)
+    if levels and not plan.fixed_levels:
+        facts |= _search_result(levels, search)
     if not alive:
-        outcome["status"] = "failed"
-        outcome["failure"] = {"kind": "died", "reason": "the server died during the load levels",
-                              "log_path": str(engine.log_path)}
-    return outcome
+        failure = Failure(kind=FailureKind.DIED, reason="the server died during the load levels",
+                          log=engine.log_path.name)
+        return TrialOutcome.failed(engine.engine_args, failure, levels=levels, **facts)
+    return TrialOutcome(status=TrialStatus.OK, config=engine.engine_args, levels=levels, **facts)
 
 
-def preflight(base_url: str, plan: TrialPlan, probes: int = 2) -> dict | None:
+def preflight(base_url: str, plan: TrialPlan, probes: int = 2) -> Failure | None:
     """Check the workload against the running server before any level: every request of the plan must fit
     the server's max-model-len (`RequestSpec.min_model_len`), and the `probes` longest are sent for real
     and must come back whole. Returns the failure (kind `rejects_workload`) naming how much of the
@@ -141,13 +148,13 @@ def preflight(base_url: str, plan: TrialPlan, probes: int = 2) -> dict | None:
             if problem:
                 return _rejects(1, probes, f"the server {problem} (it needs {r.min_model_len} of {model_len} tokens)")
     except httpx.HTTPError as e:
-        return {"kind": "exited", "reason": f"the server stopped answering before the first level: {e}"}
+        return Failure(kind=FailureKind.EXITED, reason=f"the server stopped answering before the first level: {e}")
     return None
 
 
-def _rejects(n: int, total: int, why: str) -> dict:
-    return {"kind": "rejects_workload", "reason": f"config rejects {100 * n / total:.1f}% of the workload "
-            f"({n} of {total} requests): {why}", "rejected_fraction": n / total}
+def _rejects(n: int, total: int, why: str) -> Failure:
+    return Failure(kind=FailureKind.REJECTS_WORKLOAD, reason=f"config rejects {100 * n / total:.1f}% of the workload "
+                   f"({n} of {total} requests): {why}", rejected_fraction=n / total)
 
 
 def _probe(base_url: str, plan: TrialPlan, request: RequestSpec) -> str | None:
@@ -166,64 +173,74 @@ def _probe(base_url: str, plan: TrialPlan, request: RequestSpec) -> str | None:
     return None
 
 
-def _measure(plan, engine, out_dir, outcome, on_level, on_record) -> None:
+def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelOutcome],
+             on_level: Callable | None, on_record: Callable | None) -> RateSearch | None:
+    """Run the plan's levels, appending each to `levels`: its fixed ones (confirmation), or capacity, the
+    workload's target rate and the rate search (goodput) while the server lives. Returns the rate search."""
     target = Target(engine.base_url, plan.model, plan.workload.endpoint)
+    warmup_requests = plan.levels.warmup_requests
 
-    def level(name: str, rate: float, warmup: int = 0, seed: int | None = None) -> dict:
-        index = len(outcome["levels"])
+    def level(name: LevelName, rate: float, warmup: int = 0, seed: int | None = None) -> LevelOutcome:
+        index = len(levels)
+        seed = index if seed is None else seed
         requests = plan.level_sets[index % len(plan.level_sets)]
-        n = len(requests) - plan.warmup_requests if plan.fixed_levels else level_size(plan, rate, len(requests) - warmup)
-        if name == "capacity" and plan.objective == "goodput":  # only an upper bound for the rate search
-            n = min(n, 3 * plan.min_level_requests)
+        n = len(requests) - warmup_requests if plan.fixed_levels else level_size(plan, rate, len(requests) - warmup)
+        if name == LevelName.CAPACITY and plan.objective == "goodput":  # only an upper bound for the rate search
+            n = min(n, 3 * plan.levels.min_requests)
         for attempt in range(2):  # a level the client could not send on time is sent once more
             if on_level:
                 on_level(name, rate, n + warmup)
             _reset_prefix_cache(engine.base_url)
             result = measure_level(
                 target, requests[: n + warmup], request_rate=rate, burstiness=plan.workload.burstiness,
-                max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup,
-                seed=index if seed is None else seed, request_timeout_s=plan.request_timeout_s, on_record=on_record,
+                max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
+                request_timeout_s=plan.levels.request_timeout_s, on_record=on_record,
                 should_stop=saturation_check(plan.slo, requests_per_s(plan, rate), n) if math.isfinite(rate) else None,
             )
-            if not result.metrics.get("client_lagging"):
+            if not result.metrics.client_lagging:
                 break
         records = out_dir / f"level-{index:02d}.records.jsonl"
         result.load.save(records)
-        short = result.metrics["errors"].get("short", 0)
+        short = result.metrics.errors.get("short", 0)
         reasons = level_verdict(result.metrics, plan.slo, short)
-        entry = {"name": name, "rate": rate, "seed": index if seed is None else seed, "passed": not reasons,
-                 "reasons": reasons, "metrics": result.metrics, "server": result.server, "records": records.name,
-                 "rejected": rejected_requests(result.metrics) + short, "attempts": attempt + 1}
-        outcome["levels"].append(entry)
-        return entry
+        levels.append(LevelOutcome(name=name, rate=rate, seed=seed, passed=not reasons, reasons=reasons,
+                                   metrics=result.metrics, server=result.server, records=records.name,
+                                   rejected=rejected_requests(result.metrics) + short, attempts=attempt + 1))
+        return levels[-1]
 
     if plan.fixed_levels:  # confirmation: every (rate, seed) as given, the first with warm-up requests
         for i, (rate, seed) in enumerate(plan.fixed_levels):
             if not engine.alive():
                 break
-            level("confirm", rate, warmup=plan.warmup_requests if i == 0 else 0, seed=seed)
-        outcome["status"] = "ok"
-        return
-    capacity = level("capacity", math.inf, warmup=plan.warmup_requests)
-    outcome["request_throughput"] = capacity["metrics"]["request_throughput"]
-    outcome["status"] = "ok"
-    if plan.objective == "goodput":
-        search = RateSearch(capacity["metrics"]["request_throughput"] / requests_per_s(plan, 1.0), plan.resolution,
-                            plan.max_levels)
-        if math.isfinite(plan.workload.request_rate):
-            at_target = level("target", plan.workload.request_rate)
-            search.tell(at_target["rate"], at_target["passed"])
-        while (rate := search.next_rate()) is not None and engine.alive():
-            entry = level("search", rate)
-            search.tell(rate, entry["passed"])
-        outcome["goodput_rate"] = search.goodput_rate
-        outcome["goodput_bracket"] = list(search.bracket)
-    passing = [lv for lv in outcome["levels"] if lv["passed"] and math.isfinite(lv["rate"])]
-    decisive = max(passing, key=lambda lv: lv["rate"]) if passing else capacity
-    outcome["p99_ttft_ms"] = decisive["metrics"]["p99_ttft_ms"]
-    outcome["p99_tpot_ms"] = decisive["metrics"]["p99_tpot_ms"]
-    outcome["preemptions"] = sum((lv["server"] or {}).get("num_preemptions", 0) for lv in outcome["levels"])
-    outcome["rejected_requests"] = sum(lv["rejected"] for lv in outcome["levels"])
+            level(LevelName.CONFIRM, rate, warmup=warmup_requests if i == 0 else 0, seed=seed)
+        return None
+    capacity = level(LevelName.CAPACITY, math.inf, warmup=warmup_requests)
+    if plan.objective != "goodput":
+        return None
+    search = RateSearch(capacity.metrics.request_throughput / requests_per_s(plan, 1.0), plan.levels.resolution,
+                        plan.levels.max_levels)
+    if math.isfinite(plan.workload.request_rate):
+        at_target = level(LevelName.TARGET, plan.workload.request_rate)
+        search.tell(at_target.rate, at_target.passed)
+    while (rate := search.next_rate()) is not None and engine.alive():
+        search.tell(rate, level(LevelName.SEARCH, rate).passed)
+    return search
+
+
+def _search_result(levels: list[LevelOutcome], search: RateSearch | None) -> dict[str, Any]:
+    """A search trial's headline figures: capacity, the goodput rate and its bracket (goodput objective),
+    the p99s at the highest passing level (else at capacity), preemptions and rejected requests in all."""
+    capacity = next(lv for lv in levels if lv.name == LevelName.CAPACITY)
+    result: dict[str, Any] = {"request_throughput": capacity.metrics.request_throughput}
+    if search is not None:
+        result |= {"goodput_rate": search.goodput_rate, "goodput_bracket": search.bracket}
+    passing = [lv for lv in levels if lv.passed and math.isfinite(lv.rate)]
+    decisive = max(passing, key=lambda lv: lv.rate) if passing else capacity
+    return result | {
+        "p99_ttft_ms": decisive.metrics.p99_ttft_ms, "p99_tpot_ms": decisive.metrics.p99_tpot_ms,
+        "preemptions": sum((lv.server or {}).get("num_preemptions", 0) for lv in levels),
+        "rejected_requests": sum(lv.rejected for lv in levels),
+    }
 
 
 def _reset_prefix_cache(base_url: str) -> None:

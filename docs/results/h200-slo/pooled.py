@@ -15,18 +15,21 @@ import numpy as np
 from servetune.confirm import ConfirmOptions, rate_result
 from servetune.loadgen import LoadResult
 from servetune.metrics import summarize
+from servetune.outcome import LevelOutcome
 from servetune.search.objective import level_verdict
 
 
-def levels(directory: Path, slo: dict[str, float]) -> list[dict]:
+def levels(directory: Path, slo: dict[str, float]) -> list[LevelOutcome]:
     """Every saved level in `directory`, with the metrics and verdict servetune gives it."""
     out = []
     for index, path in enumerate(sorted(directory.glob("level-*.records.jsonl"))):
         result = LoadResult.load(path)
         metrics = summarize(result)
-        reasons = level_verdict(metrics, slo, metrics["errors"].get("short", 0))
-        out.append({"rate": result.request_rate, "seed": index, "records": path.name, "metrics": metrics,
-                    "passed": not reasons, "reasons": reasons})
+        short = metrics.errors.get("short", 0)
+        reasons = level_verdict(metrics, slo, short)
+        out.append(LevelOutcome(name="confirm" if directory.parent.name == "confirm" else "search",
+                                rate=result.request_rate, seed=index, passed=not reasons, reasons=reasons,
+                                metrics=metrics, server=None, records=path.name, rejected=short, attempts=1))
     return out
 
 
@@ -35,17 +38,17 @@ def main(out: Path, itl: float, ttft: float) -> None:
     for trial in sorted((out / "trials").iterdir()):
         print(f"search, {trial.name}:")
         for lv in levels(trial, slo):
-            m = lv["metrics"]
-            print(f"  rate {lv['rate']:6.2f}  n {m['completed']:4d}  p99 ITL {m['p99_itl_ms']:7.1f}  "
-                  f"p99 TTFT {m['p99_ttft_ms']:7.0f}  keep-up {m['keep_up_ratio'] or 0:.2f}  "
-                  f"{'passes' if lv['passed'] else 'fails: ' + '; '.join(lv['reasons'])}")
+            m = lv.metrics
+            print(f"  rate {lv.rate:6.2f}  n {m.completed:4d}  p99 ITL {m.p99_itl_ms:7.1f}  "
+                  f"p99 TTFT {m.p99_ttft_ms:7.0f}  keep-up {m.keep_up_ratio or 0:.2f}  "
+                  f"{'passes' if lv.passed else 'fails: ' + '; '.join(lv.reasons)}")
     rng, opts = np.random.default_rng(0), ConfirmOptions()
     results = {}
     for config in sorted((out / "confirm").iterdir()):
         runs = levels(config, slo)
         results[config.name] = []
-        for rate in sorted({lv["rate"] for lv in runs}):
-            at = [lv for lv in runs if lv["rate"] == rate]
+        for rate in sorted({lv.rate for lv in runs}):
+            at = [lv for lv in runs if lv.rate == rate]
             result = rate_result(rate, at, config, slo, opts, rng)
             results[config.name].append(result)
             p99 = "  ".join(f"{k} {v['value']:.1f} [{v['ci_low']:.1f}, {v['ci_high']:.1f}]" for k, v in result["p99"].items())

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from servetune.engine.installed import InstalledVllm
+from servetune.errors import ServetuneError
 
 # Not a vLLM flag: servetune's name for the CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE), launched
 # as --kv-cache-memory-bytes so that fractions of a GiB work and a config file carries it.
@@ -31,7 +32,7 @@ def parse_pairs(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"{pair!r} is not key=value")
+            raise ServetuneError(f"{pair!r} is not key=value")
         out[key.strip().replace("-", "_")] = parse_value(value.strip())
     return out
 

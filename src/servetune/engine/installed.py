@@ -8,8 +8,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from servetune.errors import ServetuneError
 
-class VllmNotFound(RuntimeError):
+
+class VllmNotFound(ServetuneError):
     """The Python that should run vLLM cannot import it."""
 
 

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 
 class FailureKind(StrEnum):
-    """Why a server did not become ready."""
+    """Why a server did not become ready, or a trial has no usable measurement."""
 
     OOM = "oom"
     KV_CACHE_TOO_SMALL = "kv_cache_too_small"
@@ -14,6 +14,8 @@ class FailureKind(StrEnum):
     IMPORT_ERROR = "import_error"
     TIMEOUT = "timeout"
     EXITED = "exited"
+    DIED = "died"  # the server died during the load levels
+    REJECTS_WORKLOAD = "rejects_workload"  # the config refuses or cuts short part of the workload
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servetune.engine import InstalledVllm, probe
+from servetune.errors import ServetuneError
+from servetune.outcome import TrialOutcome
 from servetune.trial import TrialPlan, run_trial
 
 
@@ -36,8 +38,9 @@ class WorkerError(RuntimeError):
     """A trial raised in its worker: a servetune bug, not an engine failure (those are outcomes)."""
 
 
-def run_job(job: Job) -> dict:
-    """A worker's whole task: the trial's outcome."""
+def run_job(job: Job) -> TrialOutcome:
+    """A worker's whole task: the trial's outcome (its paths relative to `job.out_dir`). Every executor
+    takes another `work` in its place: tests/test_executor_contract.py runs stand-ins that return, raise or die."""
     return run_trial(job.plan, job.config, job.out_dir)
 
 
@@ -52,9 +55,10 @@ class Executor(Protocol):
         """Why `job` can never run here (it needs more devices than a worker has), or None."""
         ...
 
-    def submit(self, job: Job) -> Future | None:
-        """Start `job`; None when the devices it needs are busy now. The future holds the outcome, or
-        raises WorkerLost / WorkerError."""
+    def submit(self, job: Job) -> Future[TrialOutcome] | None:
+        """Start `job`; None when the devices it needs are busy now. The future holds the outcome, with the
+        trial's files in `job.out_dir`, or raises WorkerLost / WorkerError. Once a future is done, its devices
+        are free again."""
         ...
 
     def close(self) -> None:
@@ -63,12 +67,18 @@ class Executor(Protocol):
 
 
 class Inline:
-    """One trial at a time in this process, with live progress per load level."""
+    """One trial at a time in this process, with live progress per load level: `submit` returns once the
+    trial has ended. `work` replaces the trial (tests); without it, `on_level`/`on_record` go to `run_trial`."""
 
     slots = 1
 
-    def __init__(self, on_level: Callable | None = None, on_record: Callable | None = None):
+    def __init__(self, on_level: Callable | None = None, on_record: Callable | None = None,
+                 work: Callable[[Job], TrialOutcome] | None = None):
         self.on_level, self.on_record = on_level, on_record
+        self.work = work or self._run_trial
+
+    def _run_trial(self, job: Job) -> TrialOutcome:
+        return run_trial(job.plan, job.config, job.out_dir, on_level=self.on_level, on_record=self.on_record)
 
     def probe(self) -> InstalledVllm:
         return probe()
@@ -76,10 +86,10 @@ class Inline:
     def misfit(self, job: Job) -> str | None:
         return None
 
-    def submit(self, job: Job) -> Future:
-        future: Future = Future()
-        future.set_result(run_trial(job.plan, job.config, job.out_dir, on_level=self.on_level,
-                                    on_record=self.on_record))
+    def submit(self, job: Job) -> Future[TrialOutcome]:
+        """Run the trial now. An exception in it is the tuner's own: it goes up from here with its traceback."""
+        future: Future[TrialOutcome] = Future()
+        future.set_result(self.work(job))
         return future
 
     def close(self) -> None:
@@ -101,7 +111,7 @@ def make_executor(parallel: int | None, ray_address: str | None, on_level: Calla
         try:
             from servetune.executors.cluster import RayCluster
         except ImportError:
-            raise ValueError("--ray-address needs Ray: pip install 'servetune[cluster]'") from None
+            raise ServetuneError("--ray-address needs Ray: pip install 'servetune[cluster]'") from None
 
         return RayCluster(ray_address, parallel)
     from servetune.executors.local import LocalPool

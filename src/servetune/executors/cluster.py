@@ -2,9 +2,9 @@
 runs on whichever node has them; its files come back with its outcome. Every node needs servetune, vLLM
 and the model at the same path."""
 
-import json
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -13,16 +13,18 @@ import ray
 import ray.exceptions
 
 from servetune.engine import InstalledVllm, probe
+from servetune.errors import ServetuneError
 from servetune.executors import Job, WorkerError, WorkerLost, run_job
+from servetune.outcome import TrialOutcome
 
 
-def _run_on_node(job: Job) -> tuple[dict, dict[str, bytes]]:
-    """Run the job in a scratch directory of the node; return the outcome (paths as the tuner will keep
-    them) and the trial's files."""
+def _run_on_node(work: Callable[[Job], TrialOutcome], job: Job) -> tuple[TrialOutcome, dict[str, bytes]]:
+    """Run the job in a scratch directory of the node; return its outcome as it is (its paths are relative
+    to the trial's directory) and the trial's files, which the tuner writes into `job.out_dir`."""
     with tempfile.TemporaryDirectory(prefix=f"servetune-trial-{job.number}-") as scratch:
-        outcome = run_job(replace(job, out_dir=Path(scratch)))
+        outcome = work(replace(job, out_dir=Path(scratch)))
         files = {p.name: p.read_bytes() for p in Path(scratch).iterdir() if p.is_file()}
-    return json.loads(json.dumps(outcome).replace(scratch, str(job.out_dir))), files
+    return outcome, files
 
 
 def _probe_node() -> InstalledVllm:
@@ -33,11 +35,11 @@ class RayCluster:
     """At most `slots` trials at once on the Ray cluster at `address` (default: as many as it has GPUs, or
     nodes on a CPU cluster). A trial whose worker or node dies raises WorkerLost; Ray does not retry it."""
 
-    def __init__(self, address: str, slots: int | None = None):
+    def __init__(self, address: str, slots: int | None = None, work: Callable[[Job], TrialOutcome] = run_job):
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ValueError(f"--ray-address {address}: cannot join the Ray cluster: {e}") from None
+            raise ServetuneError(f"--ray-address {address}: cannot join the Ray cluster: {e}") from None
         nodes = [n for n in ray.nodes() if n["Alive"]]
         self.gpus_per_node = max((int(n["Resources"].get("GPU", 0)) for n in nodes), default=0)
         total = int(ray.cluster_resources().get("GPU", 0))
@@ -45,6 +47,7 @@ class RayCluster:
         self.running = 0
         self.lock = threading.Lock()
         self.refs: dict[int, ray.ObjectRef] = {}
+        self.work = work  # shipped to the node with each job (cloudpickle: by reference when importable there)
         self._run = ray.remote(max_retries=0)(_run_on_node)
 
     def probe(self) -> InstalledVllm:
@@ -57,19 +60,19 @@ class RayCluster:
             return f"needs {job.devices} GPUs on one node, the largest node has {self.gpus_per_node}"
         return None
 
-    def submit(self, job: Job) -> Future | None:
+    def submit(self, job: Job) -> Future[TrialOutcome] | None:
         with self.lock:
             if self.running >= self.slots:
                 return None
             self.running += 1
         ref = self._run.options(num_gpus=job.devices if self.gpus_per_node else 0, num_cpus=1,
-                                name=f"servetune-trial-{job.number}").remote(job)
+                                name=f"servetune-trial-{job.number}").remote(self.work, job)
         self.refs[job.number] = ref
-        future: Future = Future()
+        future: Future[TrialOutcome] = Future()
         ref.future().add_done_callback(lambda done: self._finish(job, done, future))
         return future
 
-    def _finish(self, job: Job, done: Future, future: Future) -> None:
+    def _finish(self, job: Job, done: Future, future: Future[TrialOutcome]) -> None:
         with self.lock:
             self.running -= 1
             self.refs.pop(job.number, None)
@@ -87,6 +90,8 @@ class RayCluster:
         future.set_result(outcome)
 
     def close(self) -> None:
-        for ref in list(self.refs.values()):
+        with self.lock:  # taken once: a second close must not call Ray (it would start a local Ray to cancel in)
+            refs, self.refs = list(self.refs.values()), {}
+        for ref in refs:
             ray.cancel(ref, force=True)  # kills the worker; its server's guard stops the server
         ray.shutdown()

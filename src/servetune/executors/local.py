@@ -9,7 +9,9 @@ from concurrent.futures import Future
 
 from servetune.engine import InstalledVllm
 from servetune.engine._guard import die_with
+from servetune.errors import ServetuneError
 from servetune.executors import Job, WorkerError, WorkerLost, run_job
+from servetune.outcome import TrialOutcome
 
 
 def visible_gpus(count: int) -> list[str]:
@@ -26,19 +28,19 @@ class LocalPool:
     slot owns an equal share of the cores (process affinity and vLLM's OpenMP binding). Every server gets
     a port no other servetune process on the host holds (`reserve_port`)."""
 
-    def __init__(self, slots: int, vllm: InstalledVllm, work: Callable[[Job], dict] = run_job):
+    def __init__(self, slots: int, vllm: InstalledVllm, work: Callable[[Job], TrialOutcome] = run_job):
         self.slots, self.vllm, self.work = slots, vllm, work
         self.on_cpu = vllm.on_cpu
         if self.on_cpu:
             cores = sorted(os.sched_getaffinity(0))
             if slots > len(cores):
-                raise ValueError(f"--parallel {slots}: this host has {len(cores)} CPU cores, one slot needs one")
+                raise ServetuneError(f"--parallel {slots}: this host has {len(cores)} CPU cores, one slot needs one")
             share = len(cores) // slots
             self.free: list = [tuple(cores[i * share:(i + 1) * share]) for i in range(slots)]
         else:
             self.free = visible_gpus(vllm.device_count)
             if slots > len(self.free):
-                raise ValueError(f"--parallel {slots}: {len(self.free)} GPUs are visible, one trial needs one")
+                raise ServetuneError(f"--parallel {slots}: {len(self.free)} GPUs are visible, one trial needs one")
         self.devices = len(self.free)
         self.lock = threading.Lock()
         self.procs: dict[int, multiprocessing.Process] = {}
@@ -52,7 +54,7 @@ class LocalPool:
             return f"needs {job.devices} GPUs, {self.devices} are visible"
         return None
 
-    def submit(self, job: Job) -> Future | None:
+    def submit(self, job: Job) -> Future[TrialOutcome] | None:
         need = 1 if self.on_cpu else job.devices
         with self.lock:
             if len(self.procs) >= self.slots or need > len(self.free):
@@ -64,7 +66,7 @@ class LocalPool:
                                     name=f"servetune-trial-{job.number}")
         proc.start()
         send.close()
-        future: Future = Future()
+        future: Future[TrialOutcome] = Future()
         with self.lock:
             self.procs[proc.pid] = proc
         threading.Thread(target=self._collect, args=(proc, receive, future, units), daemon=True).start()
@@ -78,7 +80,7 @@ class LocalPool:
         lists = [cores[i * per_rank:(i + 1) * per_rank] for i in range(job.devices)]
         return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, c)) for c in lists)}, cores
 
-    def _collect(self, proc, receive, future: Future, units: list) -> None:
+    def _collect(self, proc, receive, future: Future[TrialOutcome], units: list) -> None:
         try:
             kind, value = receive.recv()
         except EOFError:
@@ -105,7 +107,7 @@ class LocalPool:
                 proc.kill()
 
 
-def _worker(work: Callable[[Job], dict], job: Job, env: dict[str, str], cores: tuple[int, ...], send,
+def _worker(work: Callable[[Job], TrialOutcome], job: Job, env: dict[str, str], cores: tuple[int, ...], send,
             tuner: int) -> None:
     """A worker process: dies with the tuner (PDEATHSIG), takes its devices, runs one job. A worker that
     is killed sends nothing: the tuner sees the pipe close and runs the trial again."""

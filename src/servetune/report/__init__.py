@@ -5,7 +5,7 @@ from pathlib import Path
 from servetune.report import charts
 from servetune.report.data import importances, load_study, rows, unmeasured, write_levels_csv, write_trials_json
 from servetune.report.page import render
-from servetune.tune import write_outputs
+from servetune.results import write_outputs
 
 __all__ = ["write_report"]
 

@@ -131,13 +131,12 @@ def load_curves(rows: list[dict], default: int | None, best: int | None, slo: di
 
 
 def _level_points(row: dict, latency: str) -> list[tuple[float, float, bool, bool]]:
+    """(rate, the level's `latency`, passed, capacity level) of each of the row's `LevelOutcome`s."""
     points = []
     for level in row["levels"]:
-        metrics = level.get("metrics") or {}
-        capacity = not math.isfinite(level["rate"])
-        x = metrics.get("request_throughput") if capacity else level["rate"]
-        if x is not None and metrics.get(latency) is not None:
-            points.append((x, metrics[latency], bool(level["passed"]), capacity))
+        capacity = not math.isfinite(level.rate)
+        x = level.metrics.request_throughput if capacity else level.rate
+        points.append((x, getattr(level.metrics, latency), level.passed, capacity))
     return points
 
 

@@ -11,8 +11,8 @@ import optuna
 from optuna.trial import TrialState
 
 from servetune.jsonio import jsonable, write_json
+from servetune.results import trial_row
 from servetune.study import STUDY_NAME, StudyError, measured, outcome, study_exists
-from servetune.tune import trial_row
 
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with searched params before importances mean anything
 
@@ -30,12 +30,15 @@ def load_study(storage: str) -> optuna.Study:
 
 
 def rows(study: optuna.Study) -> list[dict]:
-    """`tune.trial_row` of every measured trial, plus its searched params, load levels and failure log."""
+    """`results.trial_row` of every measured trial, plus its searched params, load levels (`LevelOutcome`s)
+    and the path of a failed trial's server log."""
     result = []
+    out_dir = Path(study.user_attrs["meta"]["out"])
     for t in measured(study):
         out = outcome(t)
-        result.append(trial_row(t) | {"params": t.params, "levels": out.get("levels") or [],
-                                      "log_path": (out.get("failure") or {}).get("log_path")})
+        log = out.failure.log if out.failure else None
+        result.append(trial_row(t) | {"params": t.params, "levels": out.levels,
+                                      "log_path": str(out_dir / (out.artifacts or "") / log) if log else None})
     return result
 
 
@@ -84,12 +87,12 @@ def write_levels_csv(trial_rows: list[dict], path: Path) -> None:
     for row in trial_rows:
         for index, level in enumerate(row["levels"]):
             entry: dict[str, Any] = {
-                "trial": row["trial"], "role": row["role"], "level": index, "name": level["name"],
-                "rate": level["rate"], "passed": level["passed"], "reasons": "; ".join(level.get("reasons") or []),
+                "trial": row["trial"], "role": row["role"], "level": index, "name": str(level.name),
+                "rate": level.rate, "passed": level.passed, "reasons": "; ".join(level.reasons),
             }
-            entry |= level.get("metrics") or {}
-            entry |= {f"server_{k}": v for k, v in (level.get("server") or {}).items()}
-            entry["records"] = level.get("records")
+            entry |= level.metrics.model_dump()
+            entry |= {f"server_{k}": v for k, v in (level.server or {}).items()}
+            entry["records"] = level.records
             table.append(entry)
     columns = list(dict.fromkeys(k for entry in table for k in entry)) or ["trial"]
     with open(path, "w", newline="") as f:

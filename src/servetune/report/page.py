@@ -10,7 +10,7 @@ import yaml
 
 from servetune.engine.args import to_argv
 from servetune.report.charts import measured_at, value_label
-from servetune.tune import vllm_config_yaml
+from servetune.results import vllm_config_yaml
 
 TEMPLATE = Path(__file__).with_name("report.html.j2").read_text()
 

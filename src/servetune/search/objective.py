@@ -4,6 +4,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from servetune.errors import ServetuneError
+from servetune.metrics import LevelMetrics
+
 # SLO name -> the level metric it bounds (p99 over the level's requests, vLLM's field names)
 SLO_METRICS = {
     "ttft_p99_ms": "p99_ttft_ms",
@@ -19,19 +22,20 @@ def parse_slo(slo: Mapping[str, float]) -> dict[str, float]:
     """Validate SLO names and values: {'ttft_p99_ms': 1000.0, ...}."""
     unknown = sorted(set(slo) - set(SLO_METRICS))
     if unknown:
-        raise ValueError(f"unknown SLO {', '.join(unknown)}; use {', '.join(SLO_METRICS)}")
+        raise ServetuneError(f"unknown SLO {', '.join(unknown)}; use {', '.join(SLO_METRICS)}")
     bad = [k for k, v in slo.items() if not (isinstance(v, (int, float)) and v > 0)]
     if bad:
-        raise ValueError(f"SLO {', '.join(bad)} must be a positive number of ms")
+        raise ServetuneError(f"SLO {', '.join(bad)} must be a positive number of ms")
     return {k: float(v) for k, v in slo.items()}
 
 
-def rejected_requests(metrics: Mapping) -> int:
+def rejected_requests(metrics: LevelMetrics) -> int:
     """Requests the server refused as invalid for this config (HTTP 4xx: too long for max-model-len, ...)."""
-    return sum(n for kind, n in (metrics.get("errors") or {}).items() if kind.startswith("http_4"))
+    return sum(n for kind, n in metrics.errors.items() if kind.startswith("http_4"))
 
 
-def level_verdict(metrics: Mapping, slo: Mapping[str, float], short_replies: int = 0, keep_up: bool = True) -> list[str]:
+def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], short_replies: int = 0,
+                  keep_up: bool = True) -> list[str]:
     """Why a level fails its SLOs (empty when it meets them all). A level must also keep up: finish its
     requests without errors and, in its steady part, complete >= 95% as many requests as arrive, or fall short
     by no more than its own noise (`fell_behind`); an overloaded level can meet latency SLOs while its queue is
@@ -39,29 +43,29 @@ def level_verdict(metrics: Mapping, slo: Mapping[str, float], short_replies: int
     Requests the config rejects, replies cut short of max_tokens and a client that fell behind its own
     schedule (`client_lagging`) are named apart from server-side failures. `keep_up=False` leaves the keep-up
     check to the caller (confirmation pools it over several runs)."""
-    reasons = [f"{name} {metrics[SLO_METRICS[name]]:.1f} > {bound:g}"
-               for name, bound in slo.items() if metrics[SLO_METRICS[name]] > bound]
+    reasons = [f"{name} {getattr(metrics, SLO_METRICS[name]):.1f} > {bound:g}"
+               for name, bound in slo.items() if getattr(metrics, SLO_METRICS[name]) > bound]
     rejected = rejected_requests(metrics)
     if rejected:
         reasons.append(f"config rejected {rejected} requests (HTTP 4xx)")
-    if metrics["failed"] - rejected - short_replies:
-        reasons.append(f"{metrics['failed'] - rejected - short_replies} requests failed")
+    if metrics.failed - rejected - short_replies:
+        reasons.append(f"{metrics.failed - rejected - short_replies} requests failed")
     if short_replies:
         reasons.append(f"config cut {short_replies} replies short of max_tokens")
-    if metrics.get("client_lagging"):
-        reasons.append(f"client fell behind its schedule (p99 lag {metrics['p99_schedule_lag_ms']:.0f} ms): "
+    if metrics.client_lagging:
+        reasons.append(f"client fell behind its schedule (p99 lag {metrics.p99_schedule_lag_ms:.0f} ms): "
                        "not a measurement of the server")
-    if metrics.get("stopped_early"):
+    if metrics.stopped_early:
         reasons.append("cut short: saturated")
-    if keep_up and math.isfinite(metrics["offered_request_rate"]) and (
-            behind := fell_behind(metrics.get("keep_up_ratio"), metrics.get("keep_up_se"))):
-        steady = metrics.get("steady_request_rate") or 0.0
-        reasons.append(f"{behind} ({steady:.2f} of {metrics['offered_request_rate']:.2f} req/s)")
+    if keep_up and math.isfinite(metrics.offered_request_rate) and (
+            behind := fell_behind(metrics.keep_up_ratio, metrics.keep_up_se)):
+        steady = metrics.steady_request_rate or 0.0
+        reasons.append(f"{behind} ({steady:.2f} of {metrics.offered_request_rate:.2f} req/s)")
     return reasons
 
 
 def fell_behind(ratio: float | None, se: float | None) -> str | None:
-    """Why a keep-up ratio (metrics.keep_up_ratio, with its standard error) says the server fell behind, or
+    """Why a keep-up ratio (`LevelMetrics.keep_up_ratio`, with its standard error) says the server fell behind, or
     None: it did when even the ratio's one-sided 95% upper bound is below KEEP_UP_FRACTION. Without the
     bound, 2 of 40 requests ending past a window's edge by chance would fail a level."""
     if ratio is None:

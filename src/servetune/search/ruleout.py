@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from servetune.outcome import TrialOutcome
+
 
 @dataclass(frozen=True)
 class PrefillSpeed:
@@ -26,19 +28,18 @@ class PrefillSpeed:
         return 1000 * tokens / self.tokens_per_s
 
 
-def prefill_speed(outcomes: Iterable[tuple[int, Mapping[str, Any]]]) -> PrefillSpeed | None:
+def prefill_speed(outcomes: Iterable[tuple[int, TrialOutcome]]) -> PrefillSpeed | None:
     """The fastest prefill speed seen in (trial number, outcome) pairs, or None before any level ran."""
     best = None
     for number, out in outcomes:
-        levels = [lv for lv in out.get("levels") or [] if math.isfinite(lv["rate"]) and lv["metrics"]["completed"]]
+        levels = [lv for lv in out.levels if math.isfinite(lv.rate) and lv.metrics.completed]
         if not levels:
             continue
-        quiet = min(levels, key=lambda lv: lv["rate"])
-        m = quiet["metrics"]
-        if m["median_ttft_ms"] <= 0:
+        quiet = min(levels, key=lambda lv: lv.rate)
+        m = quiet.metrics
+        if m.median_ttft_ms <= 0:
             continue
-        speed = PrefillSpeed(m["total_input_tokens"] / m["completed"] / (m["median_ttft_ms"] / 1000), number,
-                             quiet["rate"])
+        speed = PrefillSpeed(m.total_input_tokens / m.completed / (m.median_ttft_ms / 1000), number, quiet.rate)
         if best is None or speed.tokens_per_s > best.tokens_per_s:
             best = speed
     return best

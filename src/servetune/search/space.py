@@ -6,6 +6,7 @@ from typing import Any
 
 from servetune.engine.args import CPU_KVCACHE_SPACE
 from servetune.engine.installed import InstalledVllm
+from servetune.errors import ServetuneError
 
 BLOCK_SIZE = 16
 CHUNK_BASE = 128  # the procedure: with chunked prefill, start near 128 and double
@@ -95,7 +96,7 @@ def build_space(
     }
     for name in optional:
         if name not in extra:
-            raise ValueError(f"unknown optional knob {name!r}; choose from {', '.join(OPTIONAL_KNOBS)}")
+            raise ServetuneError(f"unknown optional knob {name!r}; choose from {', '.join(OPTIONAL_KNOBS)}")
         knobs.append(extra[name])
     kept = tuple(k for k in knobs if k.name not in fixed and (k.name == CPU_KVCACHE_SPACE or vllm.accepts(k.name)))
     return SearchSpace(kept, dict(fixed), mml)

@@ -7,6 +7,9 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from servetune.engine.logfacts import FailureKind
+from servetune.outcome import TrialOutcome
+
 from servetune.search.space import SearchSpace
 
 STRATEGIES = ("seed", "grid", "optuna")
@@ -20,6 +23,10 @@ class Strategy(Protocol):
     def plan_next(self, study: optuna.Study) -> bool:
         """Queue the next config if this strategy picks configs itself; False when it has nothing left."""
         ...
+
+
+def _outcome(t: FrozenTrial) -> TrialOutcome | None:
+    return TrialOutcome.read(t.user_attrs["outcome"]) if "outcome" in t.user_attrs else None
 
 
 def value_of(t: FrozenTrial) -> float:
@@ -189,7 +196,7 @@ class SeedStrategy:
         done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         best = max(done, key=value_of, default=None)
         base = dict(best.params) if best is not None else {}
-        oom = any(((t.user_attrs.get("outcome") or {}).get("failure") or {}).get("kind") == "oom" for t in done)
+        oom = any(out.failure.kind == FailureKind.OOM for t in done if (out := _outcome(t)) and out.failure)
         ladders = self.steps + ([("enforce_eager", [{"enforce_eager": True}])] if oom else [])
         for ladder, steps in ladders:
             ran = [t for t in done if t.user_attrs.get("ladder") == ladder]
@@ -207,8 +214,7 @@ class SeedStrategy:
         if not ran:
             return False
         last = ran[-1]
-        out = last.user_attrs.get("outcome") or {}
-        if last.state != TrialState.COMPLETE or out.get("preemptions", 0) > 0:
+        if last.state != TrialState.COMPLETE or (_outcome(last).preemptions or 0) > 0:
             return True
         return len(ran) >= 2 and value_of(last) <= value_of(ran[-2])
 

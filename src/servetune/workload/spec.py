@@ -6,10 +6,13 @@ from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError,
+                      model_validator)
+
+from servetune.errors import ServetuneError
 
 
-class WorkloadError(Exception):
+class WorkloadError(ServetuneError):
     """A workload file, dataset or tokenizer that cannot be used; the message is one line."""
 
 
@@ -132,7 +135,7 @@ class WorkloadSpec(_Model):
     """A workload: what to send (synthetic lengths or a dataset) and the load shape to send it at."""
 
     num_requests: PositiveInt
-    seed: int = 0
+    seed: NonNegativeInt = 0  # numpy's generators take no negative seed
     input_len: LengthDistribution | None = None
     output_len: LengthDistribution | None = None
     prefix: SharedPrefix | None = None

@@ -1,0 +1,109 @@
+"""A trial's outcome, typed: what `trial.run_trial` returns, what the study stores (with a schema version and
+validated when read back), and what results, confirmation and the report read.
+
+Paths in an outcome are relative: a level's `records` and a failure's `log` to the trial's own directory, and
+`artifacts` (that directory, set by the tuner) to the study's output directory; a trial's files can move with
+the study, or come back from a cluster node, without rewriting the outcome.
+"""
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from servetune.engine.logfacts import FailureKind, StartupFacts
+from servetune.metrics import LevelMetrics
+
+SCHEMA_VERSION = 1
+
+
+class TrialStatus(StrEnum):
+    OK = "ok"  # the server ran every level it was asked to (a level may still fail its SLOs)
+    FAILED = "failed"  # no usable measurement: see `TrialOutcome.failure`
+
+
+class LevelName(StrEnum):
+    CAPACITY = "capacity"  # rate inf: the upper bound for the rate search
+    TARGET = "target"  # the workload's own request_rate
+    SEARCH = "search"  # a bisection step of the rate search
+    CONFIRM = "confirm"  # a fixed (rate, seed) level of a confirmation
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Failure(_Frozen):
+    """Why a trial has no usable measurement: the kind, a one-line reason and the server's log."""
+
+    kind: FailureKind
+    reason: str
+    log: str | None = None  # the server log, relative to the trial's directory
+    rejected_fraction: float | None = None  # rejects_workload: the share of the workload the config refuses
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+class LevelOutcome(_Frozen):
+    """One load level: its rate and seed, the verdict against the SLOs, the metrics, the server's counters."""
+
+    name: LevelName
+    rate: float  # req/s, or for a trace the speed-up factor; inf for the capacity level
+    seed: int
+    passed: bool
+    reasons: list[str]  # why it failed; empty when it passed
+    metrics: LevelMetrics
+    server: dict[str, float | None] | None  # the server's /metrics counters over the level (None: not scraped)
+    records: str  # the raw request records, relative to the trial's directory
+    rejected: int  # requests the config rejected (HTTP 4xx) or cut short
+    attempts: int  # a level the client could not send on time is sent once more
+
+
+class TrialOutcome(_Frozen):
+    """What a trial measured, or why it could not."""
+
+    schema_version: int = SCHEMA_VERSION
+    status: TrialStatus
+    config: dict[str, Any]  # the engine args as launched
+    rate_unit: str = "req/s"
+    startup: StartupFacts | None = None
+    levels: list[LevelOutcome] = []
+    failure: Failure | None = None
+    request_throughput: float | None = None  # at the capacity level
+    goodput_rate: float | None = None  # the highest rate that met the SLOs (goodput objective)
+    goodput_bracket: tuple[float, float] | None = None  # (passing, failing) rates of the rate search
+    p99_ttft_ms: float | None = None  # at the highest passing level, else at capacity
+    p99_tpot_ms: float | None = None
+    preemptions: float | None = None
+    rejected_requests: int | None = None
+    artifacts: str | None = None  # the trial's directory, relative to the study's output directory
+
+    @property
+    def ok(self) -> bool:
+        return self.status == TrialStatus.OK
+
+    @property
+    def capacity(self) -> LevelOutcome | None:
+        """The rate-inf level of a search trial (None for a confirmation, or a trial that never measured)."""
+        return next((lv for lv in self.levels if lv.name == LevelName.CAPACITY), None)
+
+    @classmethod
+    def failed(cls, config: dict[str, Any], failure: Failure, **facts: Any) -> "TrialOutcome":
+        return cls(status=TrialStatus.FAILED, config=config, failure=failure, **facts)
+
+    def stored(self) -> dict[str, Any]:
+        """The outcome as the study keeps it (Optuna user attributes are JSON): enums as text, inf kept."""
+        return self.model_dump(mode="python")
+
+    @classmethod
+    def read(cls, stored: dict[str, Any]) -> "TrialOutcome":
+        """An outcome from the study, validated; ValueError for one written by a newer servetune. Outcomes
+        stored before the schema was versioned read as version 1 (their failure named the log by its full path)."""
+        version = stored.get("schema_version")
+        if version is not None and version > SCHEMA_VERSION:
+            raise ValueError(f"trial outcome schema {version} is newer than this servetune's ({SCHEMA_VERSION})")
+        if version is None and (failure := stored.get("failure")) and "log_path" in failure:  # before version 1
+            log = failure.pop("log_path")
+            stored = stored | {"failure": failure | {"log": log and log.rsplit("/", 1)[-1]}}
+        return cls.model_validate(stored)

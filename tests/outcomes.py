@@ -1,0 +1,31 @@
+"""Synthetic trial outcomes for the tests, built through servetune's own models (`servetune.outcome`)."""
+
+from typing import Any
+
+from servetune.metrics import LevelMetrics
+from servetune.outcome import Failure, LevelOutcome, TrialOutcome
+
+_NONE = {"request_goodput", "max_concurrency", "steady_request_rate", "keep_up_ratio", "keep_up_se", "per_turn"}
+
+
+def level_metrics(**given: Any) -> LevelMetrics:
+    """A level's metrics: the fields given, every other one 0 (None where a metric can be missing)."""
+    fields = {name: None if name in _NONE else {} if name == "errors" else False if info.annotation is bool else 0
+              for name, info in LevelMetrics.model_fields.items()}
+    return LevelMetrics(**(fields | given))
+
+
+def level(name: str = "search", rate: float = 1.0, *, passed: bool = True, reasons: list[str] | None = None,
+          seed: int = 0, records: str = "level.jsonl", server: dict | None = None, **metrics: Any) -> LevelOutcome:
+    """A level at `rate` whose metrics are `metrics` (see `level_metrics`)."""
+    return LevelOutcome(name=name, rate=rate, seed=seed, passed=passed, reasons=reasons or [],
+                        metrics=level_metrics(offered_request_rate=rate, **metrics), server=server, records=records,
+                        rejected=0, attempts=1)
+
+
+def ok(config: dict | None = None, **facts: Any) -> TrialOutcome:
+    return TrialOutcome(status="ok", config=config or {}, **facts)
+
+
+def failed(config: dict | None = None, kind: str = "oom", reason: str = "out of memory", **facts: Any) -> TrialOutcome:
+    return TrialOutcome.failed(config or {}, Failure(kind=kind, reason=reason, log="server.log"), **facts)

@@ -1,0 +1,91 @@
+"""The tuner's proposer alone, on an in-memory study: what it launches, and what it skips with which reason."""
+
+import optuna
+import outcomes
+from optuna.trial import TrialState
+
+from servetune.executors import Job
+from servetune.search.space import SearchSpace
+from servetune.search.strategies import make_strategy
+from servetune.trial import TrialPlan
+from servetune.tune import Launch, Proposer, Skip, TuneOptions
+from servetune.workload import WorkloadSpec
+from test_search import CPU, SPACE
+
+PINNED = {"enable_prefix_caching": False, "max_num_seqs": 16, "enforce_eager": False, "cpu_kvcache_space_gib": 1}
+WORKLOAD = WorkloadSpec.model_validate({"num_requests": 5, "input_len": {"type": "fixed", "value": 32},
+                                        "output_len": {"type": "fixed", "value": 8}})
+
+
+def proposer(tmp_path, slo=None, misfit=lambda job: None, strategy="grid", space=SPACE) -> Proposer:
+    opts = TuneOptions(model="m", workload=WORKLOAD, out=tmp_path, slo=slo or {"ttft_p99_ms": 500.0},
+                       strategy=strategy, engine_args={"max_model_len": 1008}, confirm=None)
+    chosen = make_strategy(strategy, space, budget=6, seed=0, constrained=False, slo=tuple(opts.slo))
+    study = optuna.create_study(direction="maximize", sampler=chosen.sampler())
+    study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    plan = TrialPlan("m", WORKLOAD, opts.slo, "goodput", [])
+    return Proposer(study, chosen, space, plan, opts, None, CPU, misfit, typical_prompt=4000)
+
+
+def finish(p: Proposer, launch: Launch, out=None) -> None:
+    """Tell the study the launch's trial measured `out` (a passing one by default)."""
+    out = out or outcomes.ok(launch.job.config, levels=[outcomes.level("search", 1.0, completed=10,
+                                                                       total_input_tokens=40_000,
+                                                                       median_ttft_ms=400.0)])
+    launch.trial.set_user_attr("outcome", out.stored())
+    p.study.tell(launch.trial, 1.0)
+
+
+def test_the_defaults_come_first_as_given_then_the_strategys_configs(tmp_path):
+    p = proposer(tmp_path)
+    first = p.next()
+    assert isinstance(first, Launch) and first.job.config == {"max_model_len": 1008}
+    assert first.trial.user_attrs["why"] == "vLLM's defaults: the baseline"
+    assert first.job.out_dir == tmp_path / "trials" / "0000"
+    finish(p, first)
+    second = p.next()
+    assert isinstance(second, Launch) and second.trial.user_attrs["why"] == "the grid's next point"
+    assert set(second.job.config) == {"max_model_len"} | {k.name for k in SPACE.knobs}
+    assert second.trial.user_attrs["config_requested"] == second.job.config
+
+
+def test_a_config_measured_already_is_skipped_as_a_duplicate_and_costs_nothing(tmp_path):
+    p = proposer(tmp_path)
+    finish(p, p.next())
+    launch = p.next()
+    finish(p, launch)
+    params = {k: v for k, v in launch.job.config.items() if k != "max_model_len"}
+    p.study.enqueue_trial(params)
+    skip = p.next()
+    assert isinstance(skip, Skip) and skip.duplicate and skip.reason == "duplicate"
+    trial = p.study.trials[skip.number]
+    assert trial.state == TrialState.PRUNED and trial.user_attrs["skipped"] == f"same config as trial {launch.job.number}"
+
+
+def test_a_config_the_executor_cannot_place_is_skipped_with_its_reason(tmp_path):
+    def misfit(job: Job) -> str | None:
+        return None if not job.config.get("enable_chunked_prefill") else "needs 2 GPUs, 1 is visible"
+
+    p = proposer(tmp_path, misfit=misfit)
+    finish(p, p.next())
+    p.study.enqueue_trial(PINNED | {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
+    skip = p.next()
+    assert isinstance(skip, Skip) and not skip.duplicate and skip.reason == "needs 2 GPUs, 1 is visible"
+    assert skip.config["max_num_batched_tokens"] == 256
+
+
+def test_under_an_itl_slo_a_whole_prompt_prefill_the_study_measured_too_slow_is_ruled_out(tmp_path):
+    p = proposer(tmp_path, slo={"itl_p99_ms": 50.0})
+    finish(p, p.next())  # 40,000 prompt tokens in 10 requests at 400 ms median TTFT: 10,000 tokens/s
+    p.study.enqueue_trial(PINNED | {"enable_chunked_prefill": False, "max_num_batched_tokens": 4032})
+    skip = p.next()
+    assert isinstance(skip, Skip) and "whole-prompt prefill step of ~4000 tokens takes ~400 ms" in skip.reason
+    assert p.study.trials[skip.number].state == TrialState.PRUNED
+    p.study.enqueue_trial(PINNED | {"enable_chunked_prefill": True, "max_num_batched_tokens": 256})
+    assert isinstance(p.next(), Launch)  # a 256-token chunk takes ~26 ms
+
+
+def test_nothing_is_proposed_when_the_strategy_has_nothing_left(tmp_path):
+    p = proposer(tmp_path, strategy="seed", space=SearchSpace((), SPACE.fixed, SPACE.max_model_len))
+    finish(p, p.next())
+    assert p.next() is None and len(p.study.trials) == 1
