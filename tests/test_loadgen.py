@@ -47,6 +47,12 @@ def slow(server_factory) -> str:
     return server_factory(5.0)
 
 
+@pytest.fixture(scope="module")
+def steady(server_factory) -> str:
+    """One token per 20 ms tick: long against the two clients' own scheduling noise on a busy machine."""
+    return server_factory(20.0)
+
+
 def peak_concurrency(url: str) -> int:
     """The server's peak number of open streams since the last call."""
     with urllib.request.urlopen(url + "/stats") as resp:
@@ -214,18 +220,18 @@ def test_schedule_is_seeded_and_ends_at_n_over_rate():
 @pytest.mark.parametrize(("endpoint", "backend", "path"),
                          [("completions", "openai", "/v1/completions"),
                           ("chat", "openai-chat", "/v1/chat/completions")])
-def test_same_numbers_as_vllm_bench_request_function(slow, endpoint, backend, path):
+def test_same_numbers_as_vllm_bench_request_function(steady, endpoint, backend, path):
     bench = pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
     n, tokens = 6, 20
 
     async def vllm_side():
         async with aiohttp.ClientSession() as session:
-            request = bench.RequestFuncInput(prompt="one two three", api_url=slow + path, prompt_len=3,
+            request = bench.RequestFuncInput(prompt="one two three", api_url=steady + path, prompt_len=3,
                                              output_len=tokens, model="m", ignore_eos=True)
             return [await bench.ASYNC_REQUEST_FUNCS[backend](request, session) for _ in range(n)]
 
     theirs = asyncio.run(vllm_side())
-    ours = summarize(run_load_sync(Target(slow, "m", endpoint), specs(n, tokens), max_concurrency=1))
+    ours = summarize(run_load_sync(Target(steady, "m", endpoint), specs(n, tokens), max_concurrency=1))
     assert all(o.success for o in theirs)
     assert ours.total_output_tokens == sum(o.output_tokens for o in theirs) == n * tokens
     assert ours.total_input_tokens == sum(o.prompt_len for o in theirs)

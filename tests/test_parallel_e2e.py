@@ -96,7 +96,7 @@ def form(out: Path, storage: str) -> dict:
     study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
     kept = [t for t in study.trials if t.state != TrialState.FAIL]
     outcomes = [t.user_attrs["outcome"] for t in kept]
-    files = {re.sub(r"\d\d", "NN", p.name) for o in outcomes for p in Path(o["artifacts"]).iterdir()}
+    files = {re.sub(r"\d\d", "NN", p.name) for o in outcomes for p in (out / o["artifacts"]).iterdir()}
     return {
         "outputs": sorted(p.name for p in out.iterdir() if p.name != "study.db"),
         "trial_files": sorted(files),
@@ -153,7 +153,7 @@ def test_ray_cluster_with_postgres_runs_a_killed_workers_trial_again(tiny_model,
     assert overlap(study.trials[0], lost)
     assert "trial 1 lost" in err
     for t in (study.trials[0], again):  # the trial's files came back from the worker
-        artifacts = Path(t.user_attrs["outcome"]["artifacts"])
+        artifacts = out / t.user_attrs["outcome"]["artifacts"]  # relative to the study's output directory
         assert artifacts.parent.parent == out and "KV cache size" in (artifacts / "server.log").read_text()
 
 

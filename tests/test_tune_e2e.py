@@ -69,7 +69,7 @@ def test_tune_killed_mid_trial_resumes_and_its_best_yaml_serves(tiny_model, tmp_
     for t in launched:
         o = t.user_attrs["outcome"]
         assert o["status"] == "ok" and o["levels"][0]["name"] == "capacity"
-        assert (Path(o["artifacts"]) / o["levels"][0]["records"]).exists()
+        assert (out / o["artifacts"] / o["levels"][0]["records"]).exists()
     assert not set(vllm_processes()) - before
 
     # 3. the produced best.yaml starts a real server
