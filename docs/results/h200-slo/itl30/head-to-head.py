@@ -19,12 +19,13 @@ from servetune.bench import measure_level
 from servetune.confirm import ConfirmOptions, rate_result
 from servetune.engine import Engine
 from servetune.loadgen import Target
+from servetune.outcome import LevelOutcome
 from servetune.search.objective import level_verdict
 from servetune.trial import _reset_prefix_cache
 from servetune.workload import build_requests, load_tokenizer, load_workload
 
 SLO = {"itl_p99_ms": 30.0, "ttft_p99_ms": 2000.0}
-WARMUP = 8  # TrialPlan.warmup_requests
+WARMUP = 8  # LevelOptions.warmup_requests
 SEEDS = 3
 
 
@@ -47,12 +48,14 @@ def main(model: str, results: Path, rate: float = 9.306185903248894, count: int 
                                    burstiness=workload.burstiness, warmup_requests=warmup, seed=seed)
             records = f"run-{seed}.records.jsonl"
             result.load.save(results / records)
-            reasons = level_verdict(result.metrics, SLO, result.metrics["errors"].get("short", 0))
-            levels.append({"rate": rate, "seed": seed, "records": records, "metrics": result.metrics,
-                           "passed": not reasons, "reasons": reasons})
             m = result.metrics
-            print(f"run {seed}: {m['completed']} ok, {m['failed']} failed, p99 ITL {m['p99_itl_ms']:.1f} ms, "
-                  f"p99 TTFT {m['p99_ttft_ms']:.0f} ms, keep-up {m.get('keep_up_ratio')}, "
+            short = m.errors.get("short", 0)
+            reasons = level_verdict(m, SLO, short)
+            levels.append(LevelOutcome(name="confirm", rate=rate, seed=seed, passed=not reasons, reasons=reasons,
+                                       metrics=m, server=result.server, records=records, rejected=short,
+                                       attempts=1))
+            print(f"run {seed}: {m.completed} ok, {m.failed} failed, p99 ITL {m.p99_itl_ms:.1f} ms, "
+                  f"p99 TTFT {m.p99_ttft_ms:.0f} ms, keep-up {m.keep_up_ratio}, "
                   f"{'passes' if not reasons else 'fails: ' + '; '.join(reasons)}", flush=True)
     finally:
         engine.stop()
@@ -63,7 +66,7 @@ def main(model: str, results: Path, rate: float = 9.306185903248894, count: int 
     (results / "head-to-head.json").write_text(json.dumps(
         {"config": engine.engine_args, "rate": rate, "requests_per_run": count, "first_set": first_set,
          "slo": SLO, "startup": startup, "pooled": pooled,
-         "runs": [{k: lv[k] for k in ("seed", "passed", "reasons", "metrics")} for lv in levels]},
+         "runs": [lv.model_dump(include={"seed", "passed", "reasons", "metrics"}) for lv in levels]},
         indent=1, default=str))
 
 
