@@ -174,3 +174,13 @@ def test_report_needs_a_servetune_study(tmp_path):
     with pytest.raises(StudyError, match="no servetune study"):
         write_report(f"sqlite:///{tmp_path / 'empty.db'}", tmp_path / "report")
     assert not (tmp_path / "empty.db").exists()
+
+
+def test_an_outcome_stored_before_the_schema_version_reads_and_stays_as_stored():
+    old = failed({}, "oom", OOM).stored()
+    del old["schema_version"]
+    old["failure"] = {"kind": "oom", "reason": OOM, "log_path": "/out/trials/0003/server.log"}
+    kept = json.loads(json.dumps(old))
+    read = TrialOutcome.read(old)
+    assert read.failure.log == "server.log" and read.schema_version == 1
+    assert old == kept

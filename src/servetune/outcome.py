@@ -104,6 +104,7 @@ class TrialOutcome(_Frozen):
         if version is not None and version > SCHEMA_VERSION:
             raise ValueError(f"trial outcome schema {version} is newer than this servetune's ({SCHEMA_VERSION})")
         if version is None and (failure := stored.get("failure")) and "log_path" in failure:  # before version 1
+            failure = dict(failure)  # the study's own copy stays as it is
             log = failure.pop("log_path")
             stored = stored | {"failure": failure | {"log": log and log.rsplit("/", 1)[-1]}}
         return cls.model_validate(stored)
