@@ -1,0 +1,131 @@
+"""Level verdicts by statistics: known counts over the SLO give pass / fail / undecided at the stated confidence,
+the whole sequence of looks keeps its error rates, ITL's correlated gaps widen the bounds, and requests count
+in send order (synthetic records in integer ns, no server)."""
+
+import math
+
+import numpy as np
+
+from servetune.loadgen.records import RequestRecord
+from servetune.verdict import Boundaries, Decision, LevelTest, binomial_cdf, clopper_pearson, itl_bounds
+
+MS = 1_000_000
+
+
+def record(index: int, ttft_ms: float = 10.0, gaps_ms: list[float] | None = None, error: str | None = None) -> RequestRecord:
+    """A request sent at index x 100 ms: first token after `ttft_ms`, then tokens `gaps_ms` apart (8 of 5 ms)."""
+    start = index * 100 * MS
+    chunks = [start + round(ttft_ms * MS)]
+    for gap in gaps_ms if gaps_ms is not None else [5.0] * 7:
+        chunks.append(chunks[-1] + round(gap * MS))
+    return RequestRecord(index=index, prompt_len=10, expected_output_len=len(chunks), warmup=False, scheduled_ns=start,
+                         start_ns=start, chunk_ns=chunks, end_ns=chunks[-1], output_tokens=len(chunks), error=error,
+                         http_status=200 if error is None else 500)
+
+
+def test_binomial_tail_and_clopper_pearson_bounds_match_their_closed_forms():
+    assert math.isclose(binomial_cdf(0, 299, 0.01), 0.99 ** 299)
+    assert math.isclose(binomial_cdf(2, 40, 0.01), sum(math.comb(40, k) * 0.01**k * 0.99 ** (40 - k) for k in range(3)))
+    low, high = clopper_pearson(0, 299, 0.95)
+    assert low == 0.0 and math.isclose(high, 1 - 0.05 ** (1 / 299), rel_tol=1e-6)  # just under 1%
+    low, high = clopper_pearson(3, 40, 0.95)
+    assert low > 0.01  # 3 of 40 over already refutes a p99 at 95%
+    assert math.isclose(binomial_cdf(2, 40, low), 0.95, rel_tol=1e-6)
+
+
+def test_known_counts_pass_fail_or_stay_undecided():
+    # one look (cap 299): a single pass point, so its confidence is exactly the stated 95%
+    single = Boundaries(first=40, cap=299, alpha_pass=0.05, alpha_fail=0.05)
+    assert single.pass_confidence == 0.95
+    assert single.decide(0, 299) == Decision.PASS
+    assert single.decide(0, 298) == Decision.UNDECIDED  # 298 requests cannot show a p99 at 95%
+    assert single.decide(1, 299) == Decision.UNDECIDED
+    assert single.decide(3, 40) == Decision.FAIL
+    assert single.decide(2, 40) == Decision.UNDECIDED
+
+
+def test_the_sequence_of_looks_keeps_both_error_rates_at_the_stated_confidence():
+    b = Boundaries(first=40, cap=600, alpha_pass=0.05, alpha_fail=0.05)
+    # more looks than one: each look is stricter than 95% so that all of them together are not
+    assert b.pass_confidence > 0.95 and b.fail_confidence > 0.95
+    assert b._pass_error(b.pass_max) <= 0.05 and b._fail_error(b.fail_min) <= 0.05
+    assert b._pass_error(b._pass_max(0.05)) > 0.05  # a plain 95% at every look would pass too often
+    # the same by simulation: a server exactly at the SLO (1% over) passes <= 5%, one at 0.1% rarely fails
+    rng = np.random.default_rng(0)
+    for p, wrong in ((0.01, Decision.PASS), (0.001, Decision.FAIL)):
+        errors = 0
+        for _ in range(400):
+            over = np.cumsum(rng.random(600) < p)
+            decision = next((d for n in range(1, 601) if (d := b.decide(int(over[n - 1]), n)) != Decision.UNDECIDED),
+                            Decision.UNDECIDED)
+            errors += decision == wrong
+        assert errors / 400 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 400)
+
+
+def test_a_level_passes_at_the_first_request_count_that_shows_its_p99():
+    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
+    n = next(i for i in range(600) if test.add(record(i)) != Decision.UNDECIDED) + 1
+    assert test.decision == Decision.PASS and n == 342  # 0 of 342: the first count the 600-request plan passes
+    t = test.tests["ttft_p99_ms"]
+    assert (t.over, t.counted, t.requests) == (0, 342, 342) and t.high <= 0.01
+
+
+def test_a_level_fails_early_on_slow_requests_and_at_once_on_an_error():
+    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
+    for i in range(40):
+        test.add(record(i, ttft_ms=80.0 if i % 10 == 0 else 10.0))
+    assert test.decision == Decision.FAIL and test.tests["ttft_p99_ms"].over == 4
+    assert test.tests["ttft_p99_ms"].low > 0.01
+    failing = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
+    assert failing.add(record(0, error="http_500: boom")) == Decision.FAIL
+
+
+def test_requests_count_in_send_order_so_a_slow_one_in_flight_holds_back_the_verdict():
+    test = LevelTest({"e2el_p99_ms": 100.0}, first=40, cap=400)
+    for i in range(1, 340):  # request 0 (the slow one) has not finished yet
+        test.add(record(i))
+    assert test.decision == Decision.UNDECIDED and test.requests == 0
+    test.add(record(0, ttft_ms=500.0))  # it arrives, over the bound: the verdict can no longer pass at 339
+    assert test.requests == 340 and test.tests["e2el_p99_ms"].over == 1 and test.decision == Decision.UNDECIDED
+
+
+def test_the_warm_up_requests_are_not_counted():
+    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400, first_index=8)
+    for i in range(8, 8 + 299):
+        test.add(record(i))
+    assert test.decision == Decision.PASS and test.requests == 299
+
+
+def test_an_undecided_level_at_its_end_stays_undecided():
+    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400)
+    for i in range(400):
+        test.add(record(i, ttft_ms=80.0 if i == 7 else 10.0))  # 1 of 400: under 1%, not shown at 95%
+    assert test.finish() == Decision.UNDECIDED
+
+
+def test_itl_bounds_count_a_requests_gaps_together():
+    # 300 requests of 30 gaps; 3 requests have every gap slow (90 of 9,000 gaps, exactly 1%): as independent
+    # gaps the binomial bound is tight, but they come from 3 requests, and the cluster-robust bound says so
+    gaps = [[5.0] * 30 for _ in range(297)] + [[50.0] * 30 for _ in range(3)]
+    over, counted, low, high = itl_bounds(gaps, 30.0, 0.95)
+    assert (over, counted) == (90, 9000)
+    binomial_low, binomial_high = clopper_pearson(90, 9000, 0.95)
+    assert high > binomial_high + 0.005 and low < binomial_low
+    # the same 1% spread over 90 requests (one slow gap each) is close to independent gaps
+    spread = [[5.0] * 29 + [50.0] for _ in range(90)] + [[5.0] * 30 for _ in range(210)]
+    _, _, _, spread_high = itl_bounds(spread, 30.0, 0.95)
+    assert spread_high < high
+
+
+def test_an_itl_slo_passes_only_when_enough_gaps_are_clear_and_fails_on_a_stall_pattern():
+    quiet = LevelTest({"itl_p99_ms": 30.0}, first=40, cap=400)
+    for i in range(400):
+        if quiet.add(record(i)) != Decision.UNDECIDED:
+            break
+    assert quiet.decision == Decision.PASS and quiet.requests >= 40
+    stalled = LevelTest({"itl_p99_ms": 30.0}, first=40, cap=400)
+    for i in range(400):
+        gaps = [5.0] * 6 + [60.0] if i % 4 == 0 else [5.0] * 7  # a stall in every fourth reply: 3.6% of gaps
+        if stalled.add(record(i, gaps_ms=gaps)) != Decision.UNDECIDED:
+            break
+    assert stalled.decision == Decision.FAIL
