@@ -66,7 +66,7 @@ class Simulated:
         metrics = {name: 0 for name in LevelMetrics.model_fields} | {
             "errors": {}, "client_lagging": False, "stopped_early": False, "per_turn": None, "p99_ttft_ms": 100.0,
             "p99_tpot_ms": 10.0, "request_throughput": rate}
-        capacity = LevelOutcome(name="capacity", rate=math.inf, seed=0, passed=True, reasons=[],
+        capacity = LevelOutcome(name="capacity", rate=math.inf, seed=0, verdict="pass", passed=True, reasons=[],
                                 metrics=LevelMetrics(**metrics), server=None, records="", rejected=0, attempts=1)
         future: Future = Future()
         future.set_result(TrialOutcome(

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out/cpu}
 common=(--model "$PWD/.cache/tiny-llama" --workload docs/results/cpu/chunking.yaml --slo tpot_p99_ms=25
-        --level-seconds 10 --min-level-requests 60 --level-requests 300 --max-levels 5)
+        --max-levels 5)
 .venv/bin/servetune tune "${common[@]}" --strategy optuna --budget 6 --out "$out/optuna"
 for k in 1 2 3; do
   .venv/bin/servetune tune "${common[@]}" --budget 1 --out "$out/noise-$k"

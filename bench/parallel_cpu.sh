@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 out=${1:-out/parallel-cpu}
 rm -rf "$out"; mkdir -p "$out"
 common=(--model "$PWD/.cache/tiny-llama" --workload docs/results/cpu/chunking.yaml --slo tpot_p99_ms=25
-        --strategy optuna --budget 4 --level-seconds 5 --min-level-requests 30 --level-requests 150 --max-levels 2)
+        --strategy optuna --budget 4 --max-levels 2)
 for mode in sequential parallel; do
   extra=(); [ $mode = parallel ] && extra=(--parallel 2)
   start=$(date +%s.%N)

@@ -16,11 +16,14 @@ def level_metrics(**given: Any) -> LevelMetrics:
 
 
 def level(name: str = "search", rate: float = 1.0, *, passed: bool = True, reasons: list[str] | None = None,
-          seed: int = 0, records: str = "level.jsonl", server: dict | None = None, **metrics: Any) -> LevelOutcome:
-    """A level at `rate` whose metrics are `metrics` (see `level_metrics`)."""
-    return LevelOutcome(name=name, rate=rate, seed=seed, passed=passed, reasons=reasons or [],
-                        metrics=level_metrics(offered_request_rate=rate, **metrics), server=server, records=records,
-                        rejected=0, attempts=1)
+          verdict: str | None = None, seed: int = 0, records: str = "level.jsonl", server: dict | None = None,
+          **metrics: Any) -> LevelOutcome:
+    """A level at `rate` whose metrics are `metrics` (see `level_metrics`); its verdict is `verdict`, else
+    pass or fail as `passed` says."""
+    verdict = verdict or ("pass" if passed else "fail")
+    return LevelOutcome(name=name, rate=rate, seed=seed, verdict=verdict, passed=verdict == "pass",
+                        reasons=reasons or [], metrics=level_metrics(offered_request_rate=rate, **metrics),
+                        server=server, records=records, rejected=0, attempts=1)
 
 
 def ok(config: dict | None = None, **facts: Any) -> TrialOutcome:

@@ -82,8 +82,8 @@ def outcome_of(job: Job) -> TrialOutcome:
                           log="server.log")
         return TrialOutcome.failed(job.config, failure, startup=startup)
     metrics = LevelMetrics.model_validate(summarize(level_load()))
-    capacity = LevelOutcome(name=LevelName.CAPACITY, rate=math.inf, seed=0, passed=True, reasons=[], metrics=metrics,
-                            server={"vllm:num_preemptions": 0.0, "vllm:kv_cache_usage_perc": None}, records=RECORDS,
+    capacity = LevelOutcome(name=LevelName.CAPACITY, rate=math.inf, seed=0, verdict="pass", passed=True, reasons=[],
+                            metrics=metrics, server={"vllm:num_preemptions": 0.0, "vllm:kv_cache_usage_perc": None}, records=RECORDS,
                             rejected=0, attempts=1)
     return TrialOutcome(status=TrialStatus.OK, config=job.config, startup=startup, levels=[capacity],
                         request_throughput=metrics.request_throughput, p99_ttft_ms=metrics.p99_ttft_ms,

@@ -19,7 +19,7 @@ WORKLOAD = WorkloadSpec.model_validate({"num_requests": 5, "input_len": {"type":
 
 def proposer(tmp_path, slo=None, misfit=lambda job: None, strategy="grid", space=SPACE) -> Proposer:
     opts = TuneOptions(model="m", workload=WORKLOAD, out=tmp_path, slo=slo or {"ttft_p99_ms": 500.0},
-                       strategy=strategy, engine_args={"max_model_len": 1008}, confirm=None)
+                       strategy=strategy, engine_args={"max_model_len": 1008}, confirm=False)
     chosen = make_strategy(strategy, space, budget=6, seed=0, constrained=False, slo=tuple(opts.slo))
     study = optuna.create_study(direction="maximize", sampler=chosen.sampler())
     study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 import outcomes
 from servetune.engine.logfacts import StartupFacts
-from servetune.outcome import LevelOutcome, TrialOutcome
+from servetune.outcome import SCHEMA_VERSION, LevelOutcome, TrialOutcome
 from servetune.report import write_report
 from servetune.report.charts import pareto_front
 from servetune.search.objective import RateSearch
@@ -160,7 +160,7 @@ def test_a_gain_within_the_resolution_keeps_the_defaults(tmp_path):
     storage = make_study(tmp_path / "study.db", [("default", {}, ran({}, 18, 16, 180)),
                                                  ("search", close, ran(dict(close), 18.3, 16, 180))])
     html = write_report(storage, tmp_path / "report").read_text()
-    assert "the highest, trial #1, measured" in html and "Keep the defaults" in html
+    assert "the highest, trial #1, measured" in html and "Keep vLLM&#39;s defaults" in html
     assert 'class="best default" id="trial-0"' in html and "not beyond measured resolution" in html
 
 
@@ -182,5 +182,16 @@ def test_an_outcome_stored_before_the_schema_version_reads_and_stays_as_stored()
     old["failure"] = {"kind": "oom", "reason": OOM, "log_path": "/out/trials/0003/server.log"}
     kept = json.loads(json.dumps(old))
     read = TrialOutcome.read(old)
-    assert read.failure.log == "server.log" and read.schema_version == 1
+    assert read.failure.log == "server.log" and read.schema_version == SCHEMA_VERSION  # migrated on read
     assert old == kept
+
+
+def test_a_version_1_level_reads_with_the_verdict_its_p99s_gave():
+    from outcomes import level, ok
+
+    stored = ok(levels=[level(rate=2.0), level(rate=3.0, passed=False, reasons=["tpot_p99_ms 30.0 > 25"])]).stored()
+    stored["schema_version"] = 1
+    for lv in stored["levels"]:
+        del lv["verdict"], lv["tests"], lv["stopped"]
+    read = TrialOutcome.read(stored)
+    assert [(lv.verdict, lv.passed, lv.tests) for lv in read.levels] == [("pass", True, []), ("fail", False, [])]

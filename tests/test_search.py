@@ -79,8 +79,23 @@ def test_level_verdict_needs_slos_met_and_the_server_keeping_up():
         "fell behind: completed 75% of arrivals, at most 82% within noise (19.50 of 26.00 req/s)"]
     # arrivals were sparse in the steady part, but every one completed: that is keeping up
     assert level_verdict(_metrics(steady_request_rate=9.0, keep_up_ratio=1.0), slo) == []
-    assert level_verdict(_metrics(failed=2, stopped_early=True), slo) == ["2 requests failed", "cut short: saturated"]
+    assert level_verdict(_metrics(failed=2), slo) == ["2 requests failed"]
     assert level_verdict(_metrics(offered_request_rate=math.inf, steady_request_rate=None, keep_up_ratio=None), slo) == []
+
+
+def test_with_statistical_tests_each_slo_is_judged_by_its_test_not_its_p99():
+    from servetune.verdict import SloTest
+
+    def test(decision, over):
+        return SloTest(slo="tpot_p99_ms", bound_ms=25.0, over=over, counted=300, requests=300, low=0.0,
+                       high=0.02, decision=decision)
+
+    slo = {"tpot_p99_ms": 25.0}
+    # a p99 over the bound by one request is not a failure when the count cannot show one
+    assert level_verdict(_metrics(p99_tpot_ms=30.0), slo, tests=[test("pass", 0)]) == []
+    assert level_verdict(_metrics(), slo, tests=[test("fail", 9)]) == [
+        "tpot_p99_ms: 9 of 300 requests over 25 ms, 0.00-2.00% over (limit 1%)"]
+    assert level_verdict(_metrics(), slo, tests=[test("undecided", 2)])[0].startswith("undecided: tpot_p99_ms: 2 of 300")
 
 
 def _run(search: RateSearch, true_rate: float) -> RateSearch:
@@ -94,6 +109,15 @@ def test_rate_search_brackets_the_goodput_rate():
     lo, hi = search.bracket
     assert lo <= 5.0 < hi and (hi - lo) / hi <= 0.05
     assert search.goodput_rate == lo
+
+
+def test_rate_search_steps_down_from_above_until_a_rate_passes():
+    search = RateSearch(capacity=10.0)
+    assert search.next_rate() == 8.0
+    search.tell(8.0, False)
+    assert search.next_rate() == 6.0  # 0.75 x the failed rate: passing levels are the costly ones
+    search.tell(6.0, True)
+    assert search.next_rate() == 7.0  # then bisection
 
 
 def test_rate_search_stops_after_max_levels_and_when_nothing_passes():

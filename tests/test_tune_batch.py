@@ -73,7 +73,7 @@ def options(model, tmp_path, storage: str, budget: int) -> TuneOptions:
     return TuneOptions(model=str(model), workload=workload, out=tmp_path / "out", slo={"ttft_p99_ms": 500},
                        strategy="optuna", budget=budget, storage=storage,
                        levels=LevelOptions(requests=20, max_levels=1), parallel=2,
-                       confirm=None)  # the search loop alone (tests/test_confirm.py: confirmation)
+                       confirm=False)  # the search loop alone (tests/test_confirm.py: the head-to-head)
 
 
 def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_model, tmp_path):

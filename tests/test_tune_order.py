@@ -31,7 +31,7 @@ class NeverProbed:
 def options(model, tmp_path, **kw) -> TuneOptions:
     return TuneOptions(model=str(model), workload=WorkloadSpec.model_validate(kw.pop("workload", WORKLOAD)),
                        out=tmp_path / "out", slo={"ttft_p99_ms": 500}, levels=LevelOptions(requests=20, max_levels=1),
-                       confirm=None, **kw)
+                       confirm=False, **kw)
 
 
 def test_a_bad_study_url_fails_before_the_probe_without_its_password(tiny_model, tmp_path):

@@ -1,7 +1,9 @@
 """The `servetune` command line: bench, tune, report, memory, model, demo."""
 
 import json
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -17,7 +19,7 @@ from rich.table import Table
 
 from servetune import __version__
 from servetune.errors import ServetuneError
-from servetune.jsonio import jsonable, write_json
+from servetune.jsonio import check_writable, jsonable, write_json_or_beside
 
 if TYPE_CHECKING:  # the commands import what they use when they run: `servetune --help` stays quick
     from servetune.metrics import LevelMetrics
@@ -190,6 +192,9 @@ def bench(
     request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Drive load against a vLLM server (running, or launched with --launch) and report its metrics."""
+    from servetune.interrupt import exit_code, handle_signals
+
+    handle_signals()
     try:
         with one_line_errors():
             opts = bench_options(
@@ -199,8 +204,8 @@ def bench(
                 max_concurrency=max_concurrency, endpoint=endpoint, seed=seed, warmup=warmup, goodput=goodput,
                 request_timeout=request_timeout)
             result = _bench(opts)
-    except KeyboardInterrupt:
-        fail("interrupted; no server is left running", code=130)
+    except KeyboardInterrupt as e:
+        fail(f"interrupted ({e or 'SIGINT'}); no server is left running", code=exit_code(e))
     total = result["completed"] + result["failed"]
     if result["completed"] == 0 or (total and result["failed"] / total > max_failed_fraction):
         fail(f"{result['failed']} of {total} requests failed ({result['errors']}); the run is unusable "
@@ -277,17 +282,41 @@ def _bench(opts: BenchOptions) -> dict:
     results (`jsonable` dict) are written to `json_out` and returned."""
     from servetune.workload import build_requests, load_tokenizer
 
+    for path in (opts.json_out, opts.json_out.with_suffix(".records.jsonl")):
+        try:
+            check_writable(path)
+        except OSError as e:
+            raise UsageError(f"--json: cannot write {path}: {e.strerror or e}") from None
     tok = load_tokenizer(opts.tokenizer or opts.model)
     requests = build_requests(opts.workload, tok, count=opts.workload.num_requests + opts.warmup)
-    opts.json_out.parent.mkdir(parents=True, exist_ok=True)
     output: dict = {"servetune_version": __version__, "date": datetime.now(timezone.utc).isoformat(),
                     "model": opts.model, "workload": opts.workload.model_dump()}
     if opts.base_url is None:
         _bench_launched(opts, requests, output)
     else:
         output |= _bench_at(opts.base_url, opts, requests, output)
-    write_json(opts.json_out, output)
+    _save_json(opts.json_out, output)
     return output
+
+
+def _save_json(path: Path, value: dict) -> None:
+    """The results at `path`, or where `write_json_or_beside` had to put them, said in one line."""
+    if (written := write_json_or_beside(path, value)) != path:
+        console.print(f"[bold yellow]warning:[/] could not write {path}; the results are in {written}",
+                      highlight=False)
+
+
+def _save_records(load, path: Path) -> Path:
+    """The level's records at `path`, else beside the temporary directory's copy of the results; where they went."""
+    try:
+        load.save(path)
+        return path
+    except OSError as e:
+        fallback = Path(tempfile.gettempdir()) / f"servetune-{os.getpid()}-{path.name}"
+        load.save(fallback)
+        console.print(f"[bold yellow]warning:[/] could not write {path} ({e.strerror or e}); the records are in "
+                      f"{fallback}", highlight=False)
+        return fallback
 
 
 def _bench_launched(opts: BenchOptions, requests: list, output: dict) -> None:
@@ -303,7 +332,7 @@ def _bench_launched(opts: BenchOptions, requests: list, output: dict) -> None:
             facts = engine.start()
     except EngineFailed as e:
         output["engine"] = {"config": engine.engine_args, "failure": e.failure.to_dict()}
-        write_json(opts.json_out, output)
+        _save_json(opts.json_out, output)
         fail(f"vLLM did not start ({e.failure.kind}): {e.failure.reason} (log: {e.failure.log_path})", code=1)
     try:
         output["engine"] = {"config": engine.engine_args, "startup": facts.to_dict(),
@@ -324,7 +353,7 @@ def _bench_at(url: str, opts: BenchOptions, requests: list, output: dict) -> dic
     target = Target(url, opts.model, opts.workload.endpoint)
     check_server(target)
     level = _measure(target, requests, opts, output)
-    level.load.save(opts.json_out.with_suffix(".records.jsonl"))
+    _save_records(level.load, opts.json_out.with_suffix(".records.jsonl"))
     console.print(_summary_table(f"servetune bench: {opts.model}", level.metrics, level.server))
     if level.metrics.client_lagging:
         console.print(lagging_warning(level.metrics), highlight=False, soft_wrap=True)
@@ -332,8 +361,8 @@ def _bench_at(url: str, opts: BenchOptions, requests: list, output: dict) -> dic
 
 
 def _measure(target, requests: list, opts: BenchOptions, output: dict):
-    """`measure_level` with a bar. On Ctrl-C the requests finished so far are written (records and JSON,
-    `interrupted: true`) before KeyboardInterrupt goes on."""
+    """`measure_level` with a bar. On Ctrl-C (or SIGTERM) the requests finished so far are written (records and
+    JSON, `interrupted: true`) before the interrupt goes on."""
     from servetune.bench import measure_level
     from servetune.loadgen import LoadResult
     from servetune.metrics import summarize
@@ -353,15 +382,17 @@ def _measure(target, requests: list, opts: BenchOptions, output: dict):
                                  goodput_slo=slo, request_timeout_s=opts.request_timeout_s, on_record=on_record)
         except KeyboardInterrupt:
             timed = [r for r in finished if not r.warmup]
-            if timed:
-                load = LoadResult(sorted(finished, key=lambda r: r.index), spec.request_rate, spec.burstiness,
-                                  spec.max_concurrency, min(r.scheduled_ns for r in timed),
-                                  max(r.end_ns for r in timed), stopped_early=True)
-                records = opts.json_out.with_suffix(".records.jsonl")
-                load.save(records)
-                write_json(opts.json_out, output | summarize(load, slo).model_dump() | {"interrupted": True})
-                console.print(f"the {len(timed)} requests finished before the interrupt: {opts.json_out}, "
-                              f"{records}", highlight=False)
+            done = [r for r in timed if r.error_kind != "cancelled"]
+            if not done:
+                console.print("no request had finished before the interrupt: nothing written", highlight=False)
+                raise
+            load = LoadResult(sorted(finished, key=lambda r: r.index), spec.request_rate, spec.burstiness,
+                              spec.max_concurrency, min(r.scheduled_ns for r in timed), max(r.end_ns for r in timed),
+                              stopped_early=True)
+            records = _save_records(load, opts.json_out.with_suffix(".records.jsonl"))
+            _save_json(opts.json_out, output | summarize(load, slo).model_dump() | {"interrupted": True})
+            console.print(f"the {len(done)} requests that finished before the interrupt: {opts.json_out}, "
+                          f"{records}", highlight=False)
             raise
 
 
@@ -410,26 +441,24 @@ class TuneProgress:
         else:
             console.print(f"  trial {number}: throughput {out.request_throughput:.2f} req/s", highlight=False)
 
-    def confirm_started(self, number: int, config: dict, rates: list[float], opts) -> None:
+    def confirm_started(self, number: int, config: dict, rates: list[float]) -> None:
         from servetune.engine.args import to_argv
 
         who = " ".join(to_argv(config)) or "(vLLM defaults)"
-        at = ", ".join(f"{r:.2f}" for r in rates)
         self.bar.start()
-        console.print(f"confirming trial {number}: {who}\n  at {at} req/s, {opts.seeds} arrival orders x "
-                      f"{opts.requests} requests each", highlight=False)
+        console.print(f"head-to-head: trial {number} {who} at the pick's {rates[0]:.2f} req/s", highlight=False)
         if self.levels:
             self.bar.update(self.level, description="starting vLLM", total=None, completed=0, visible=True)
 
-    def confirm_finished(self, number: int, result: dict) -> None:
-        if result["failure"]:
-            console.print(f"  trial {number} not confirmed: {result['failure']}", highlight=False)
-        for rate in result["rates"]:
-            cis = ", ".join(f"{name} {p['value']:.1f} [{p['ci_low']:.1f}, {p['ci_high']:.1f}]"
-                            for name, p in rate["p99"].items() if p["value"] is not None)
-            verdict = "holds" if rate["passed"] else "fails: " + "; ".join(rate["reasons"][:2])
-            console.print(f"  trial {number} at {rate['rate']:.2f} req/s ({rate['requests']} requests): {verdict}"
-                          f"{'; ' + cis if cis else ''}", highlight=False)
+    def confirm_finished(self, number: int, out: "TrialOutcome") -> None:
+        if not out.ok:
+            console.print(f"  head-to-head: the defaults did not run ({out.failure})", highlight=False)
+        for level in out.levels:
+            console.print(f"  the defaults at {level.rate:.2f} req/s: {level.verdict}"
+                          + (f" ({'; '.join(level.reasons[:2])})" if level.reasons else ""), highlight=False)
+
+    def note(self, text: str) -> None:
+        console.print(text, highlight=False)
 
     def trial_lost(self, number: int, reason: str) -> None:
         self.running.remove(number)
@@ -460,8 +489,6 @@ def _result_table(summary: dict) -> Table:
 
 def _tune(opts: "TuneOptions") -> dict:
     from servetune.executors import runs_inline
-    from servetune.report import write_report
-    from servetune.study import default_storage
     from servetune.tune import tune as run_tune
 
     bar = progress_bar(auto_refresh=False)  # started by the first trial: an early error leaves no bar behind
@@ -470,32 +497,27 @@ def _tune(opts: "TuneOptions") -> dict:
     finally:
         if bar.live.is_started:
             bar.stop()
-    report = write_report(opts.storage or default_storage(opts.out), opts.out)
     console.print(_result_table(summary))
-    console.print(f"report: {report}", highlight=False)
-    confirmation = summary.get("confirmation")
-    if confirmation is not None:
-        console.print(f"confirmation ({confirmation['verdict']}): {confirmation['reason']}", highlight=False)
+    console.print(f"{summary['answer']}\nreport: {opts.out / 'report.html'}", highlight=False)
     if summary["best"] is not None:
-        gain = summary["gain"]
-        how = "confirmed" if confirmation is not None else "beyond the measured resolution"
-        verdict = (f"best beats the default by {100 * gain:+.1f}%, {how}" if summary["best_beats_default"] and gain
-                   is not None else f"the pick beats the default, {how}" if summary["best_beats_default"]
-                   else f"no config beat the default ({how} check)")
-        console.print(f"{verdict}\nrun it: {summary['best_command']}\noutputs: {opts.out}/", highlight=False)
+        console.print(f"run it: {summary['best_command']}\noutputs: {opts.out}/ (state: {summary['state']})",
+                      highlight=False)
     return summary
 
 
 def _tune_guarded(opts: "TuneOptions") -> None:
     from servetune.executors import WorkerError
+    from servetune.interrupt import exit_code, handle_signals
 
+    handle_signals()
     try:
         with one_line_errors():
             _tune(opts)
     except WorkerError as e:
         fail(str(e), code=1)
-    except KeyboardInterrupt:
-        fail("interrupted; no server is left running. Continue with the same command and --resume", code=130)
+    except KeyboardInterrupt as e:
+        fail(f"interrupted ({e or 'SIGINT'}); no server is left running; the outputs in {opts.out} say what was "
+             "measured (state: interrupted). Continue with the same command and --resume", code=exit_code(e))
 
 
 @app.command()
@@ -515,10 +537,15 @@ def tune(
         help="A vLLM config YAML to measure as it is, beside the search (repeatable).")] = [],
     knob: Annotated[list[str], typer.Option(help="Optional knob to search too: block_size, kv_cache_dtype, cudagraph_capture, tensor_parallel_size.")] = [],
     tokenizer: Annotated[Optional[str], typer.Option()] = None,
-    level_seconds: Annotated[float, typer.Option(help="Target length of a load level.")] = 30.0,
-    level_requests: Annotated[int, typer.Option(min=1, help="Most requests in a level.")] = 300,
-    min_level_requests: Annotated[int, typer.Option(help="Fewest requests in a level.")] = 50,
+    level_requests: Annotated[int, typer.Option(
+        min=1, help="Most requests a load level sends: a level stops as soon as its verdict is decided.")] = 600,
+    min_level_requests: Annotated[int, typer.Option(min=1, help="Fewest requests a level's verdict rests on.")] = 40,
     max_levels: Annotated[int, typer.Option(min=0, help="Most load levels per trial in the rate search.")] = 6,
+    confidence: Annotated[float, typer.Option(
+        min=0.5, max=0.999, help="Confidence of each level's pass and fail verdicts.")] = 0.95,
+    time_limit: Annotated[Optional[str], typer.Option(
+        help="Wall-clock budget of the whole tune, launches and head-to-head included, e.g. 25m, 1h30m: "
+             "servetune launches only what still fits and stops there with its best answer.")] = None,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1)] = 0,
     parallel: Annotated[Optional[int], typer.Option(
         min=1, help="Trials at once: on this host, each on its own GPUs (CPU: its own cores); "
@@ -527,38 +554,35 @@ def tune(
         help="Run trials as Ray tasks on this cluster (e.g. 10.0.0.1:6379); every node needs servetune, vLLM "
              "and the model at the same path.")] = None,
     confirm: Annotated[bool, typer.Option(
-        help="Launch the pick and the defaults again and confirm the pick with long levels before recommending "
-             "it (--no-confirm: recommend the search's result as it is).")] = True,
-    confirm_requests: Annotated[int, typer.Option(min=20, help="Requests per confirmation run.")] = 300,
-    confirm_seeds: Annotated[int, typer.Option(min=1, help="Arrival orders (runs) per confirmed rate.")] = 3,
+        help="After the search, launch vLLM's defaults again at the pick's goodput rate (the head-to-head) "
+             "before recommending it over them (--no-confirm: recommend the search's result as it is).")] = True,
     request_timeout: RequestTimeoutOption = None,
 ) -> None:
     """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
-    from servetune.confirm import ConfirmOptions
     from servetune.trial import LevelOptions
 
     with one_line_errors():
         opts = tune_options(
             model=model, workload=workload, out=out, slo=slo, objective=objective, strategy=strategy,
-            engine_arg=engine_arg, reference_config=reference_config, knob=knob,
-            levels=LevelOptions(seconds=level_seconds, requests=level_requests, min_requests=min_level_requests,
-                                max_levels=max_levels, request_timeout_s=request_timeout),
-            confirm=ConfirmOptions(requests=confirm_requests, seeds=confirm_seeds) if confirm else None,
-            budget=budget, storage=study, resume=resume, tokenizer=tokenizer, seed=seed, parallel=parallel,
-            ray_address=ray_address)
+            engine_arg=engine_arg, reference_config=reference_config, knob=knob, time_limit=time_limit,
+            levels=LevelOptions(requests=level_requests, min_requests=min_level_requests, max_levels=max_levels,
+                                confidence=confidence, request_timeout_s=request_timeout),
+            confirm=confirm, budget=budget, storage=study, resume=resume, tokenizer=tokenizer, seed=seed,
+            parallel=parallel, ray_address=ray_address)
     _tune_guarded(opts)
 
 
 def tune_options(*, model: str, workload: Path, out: Path, slo: Sequence[str], objective: str, strategy: str,
                  engine_arg: Sequence[str] = (), reference_config: Sequence[Path] = (), knob: Sequence[str] = (),
-                 **as_given: Any) -> "TuneOptions":
+                 time_limit: str | None = None, **as_given: Any) -> "TuneOptions":
     """`TuneOptions` from the command line's values, each checked and named in the one line a bad one gives
     (UsageError): the model directory, workload file, `key=value` SLOs and engine args, reference config
-    files, strategy, objective and the levels' request timeout. The rest (levels, confirm, budget, storage,
+    files, strategy, objective, the time limit and the levels' request timeout. The rest (levels, confirm, budget, storage,
     resume, tokenizer, seed, parallel, ray_address) go to TuneOptions as given; what it leaves out takes
     TuneOptions' default."""
     from servetune.search.objective import parse_slo
     from servetune.search.strategies import STRATEGIES
+    from servetune.timelimit import parse_duration
     from servetune.tune import TuneOptions
     from servetune.workload import load_workload
 
@@ -569,10 +593,16 @@ def tune_options(*, model: str, workload: Path, out: Path, slo: Sequence[str], o
     slo_pairs = pairs(slo, "--slo")
     with about("--slo"):
         slos = parse_slo(slo_pairs)
+    time_limit_s = None
+    if time_limit is not None:
+        try:
+            time_limit_s = parse_duration(time_limit)
+        except ValueError as e:
+            raise UsageError(f"--time-limit: {e}") from None
     opts = TuneOptions(
         model=local_model(model), workload=load_workload(workload), out=out, slo=slos, objective=objective,
         strategy=strategy, engine_args=pairs(engine_arg, "--engine-arg"), optional_knobs=tuple(knob),
-        references=[read_config_yaml(path) for path in reference_config], **as_given)
+        references=[read_config_yaml(path) for path in reference_config], time_limit_s=time_limit_s, **as_given)
     check_timeout(opts.levels.request_timeout_s)
     return opts
 
@@ -602,27 +632,27 @@ def read_config_yaml(path: Path) -> dict:
 
 
 DEMO_WORKLOAD = Path(__file__).parent / "demo_workload.yaml"
+DEMO_SLO = ["tpot_p99_ms=25"]
 
 
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/demo"),
     budget: Annotated[int, typer.Option(min=1)] = 3,
+    time_limit: Annotated[str, typer.Option(help="Wall-clock budget of the tune (see `tune --time-limit`).")] = "9m",
     resume: Annotated[bool, typer.Option()] = False,
 ) -> None:
-    """Build the tiny model, tune it on this machine with a small budget and confirm the pick (CPU: under 10
-    minutes; confirmation runs 3 x 100 requests per rate here, against 3 x 300 by default in `tune`)."""
-    from servetune.confirm import ConfirmOptions
+    """Build the tiny model and tune it on this machine: a small budget within a time limit, each level
+    decided at 95% confidence, then the head-to-head of the pick against vLLM's defaults."""
     from servetune.tinymodel import write_tiny_model
     from servetune.trial import LevelOptions
 
     model = write_tiny_model(out / "tiny-llama")
     console.print(f"wrote the tiny model to {model}")
     with one_line_errors():
-        opts = tune_options(model=str(model.resolve()), workload=DEMO_WORKLOAD, out=out, slo=["tpot_p99_ms=25"],
+        opts = tune_options(model=str(model.resolve()), workload=DEMO_WORKLOAD, out=out, slo=DEMO_SLO,
                             objective="goodput", strategy="optuna", budget=budget, resume=resume, seed=0,
-                            levels=LevelOptions(seconds=6.0, requests=150, min_requests=30, max_levels=4),
-                            confirm=ConfirmOptions(requests=100, seeds=3))
+                            time_limit=time_limit, levels=LevelOptions(max_levels=4))
     _tune_guarded(opts)
 
 

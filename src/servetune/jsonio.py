@@ -1,7 +1,10 @@
-"""Strict JSON out: infinite rates as "inf" (JSON has no Infinity), paths and enums as text."""
+"""Strict JSON out: infinite rates as "inf" (JSON has no Infinity), paths and enums as text. Every output is
+written whole or not at all (a temporary file renamed into place): a stopped run never leaves a truncated one."""
 
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,5 +21,41 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` through a temporary file in the same directory, renamed into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(jsonable(value), indent=2) + "\n")
+    write_atomic(path, json.dumps(jsonable(value), indent=2) + "\n")
+
+
+def check_writable(path: Path) -> None:
+    """Make `path`'s directory and check a file can be written there as `path`, before any work that would
+    be lost if it could not: OSError (with the path) otherwise."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".check")
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def write_json_or_beside(path: Path, value: Any) -> Path:
+    """`write_json` to `path`; if that fails (a full disk, a directory gone read-only), to a file of the same
+    name in the temporary directory instead. Returns where it went."""
+    try:
+        write_json(path, value)
+        return path
+    except OSError:
+        fallback = Path(tempfile.gettempdir()) / f"servetune-{os.getpid()}-{path.name}"
+        write_json(fallback, value)
+        return fallback

@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict
 
 from servetune.engine.logfacts import FailureKind, StartupFacts
 from servetune.metrics import LevelMetrics
+from servetune.verdict import Decision, SloTest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: level verdicts by statistical test (verdict, tests, stopped); wall_s, cut_short
 
 
 class TrialStatus(StrEnum):
@@ -26,7 +27,7 @@ class LevelName(StrEnum):
     CAPACITY = "capacity"  # rate inf: the upper bound for the rate search
     TARGET = "target"  # the workload's own request_rate
     SEARCH = "search"  # a bisection step of the rate search
-    CONFIRM = "confirm"  # a fixed (rate, seed) level of a confirmation
+    CONFIRM = "confirm"  # a fixed (rate, seed) level: the head-to-head
 
 
 class _Frozen(BaseModel):
@@ -46,13 +47,17 @@ class Failure(_Frozen):
 
 
 class LevelOutcome(_Frozen):
-    """One load level: its rate and seed, the verdict against the SLOs, the metrics, the server's counters."""
+    """One load level: its rate and seed, the verdict against the SLOs (with each SLO's statistical test),
+    the metrics, the server's counters."""
 
     name: LevelName
     rate: float  # req/s, or for a trace the speed-up factor; inf for the capacity level
     seed: int
-    passed: bool
-    reasons: list[str]  # why it failed; empty when it passed
+    verdict: Decision  # pass, fail, or undecided (not a pass: the tests were still open when the level ended)
+    passed: bool  # verdict == pass
+    reasons: list[str]  # why it did not pass; empty when it passed
+    tests: list[SloTest] = []  # one per SLO at a finite rate (`servetune.verdict`)
+    stopped: str | None = None  # why it ended before its cap: decided, saturated, time limit
     metrics: LevelMetrics
     server: dict[str, float | None] | None  # the server's /metrics counters over the level (None: not scraped)
     records: str  # the raw request records, relative to the trial's directory
@@ -78,6 +83,8 @@ class TrialOutcome(_Frozen):
     preemptions: float | None = None
     rejected_requests: int | None = None
     artifacts: str | None = None  # the trial's directory, relative to the study's output directory
+    wall_s: float | None = None  # launch to stop
+    cut_short: str | None = None  # "time limit": the deadline stopped the trial before its search ended
 
     @property
     def ok(self) -> bool:
@@ -99,7 +106,8 @@ class TrialOutcome(_Frozen):
     @classmethod
     def read(cls, stored: dict[str, Any]) -> "TrialOutcome":
         """An outcome from the study, validated; ValueError for one written by a newer servetune. Outcomes
-        stored before the schema was versioned read as version 1 (their failure named the log by its full path)."""
+        stored before the schema was versioned read as version 1 (their failure named the log by its full path);
+        version 1 levels get the verdict their `passed` gave."""
         version = stored.get("schema_version")
         if version is not None and version > SCHEMA_VERSION:
             raise ValueError(f"trial outcome schema {version} is newer than this servetune's ({SCHEMA_VERSION})")
@@ -107,4 +115,7 @@ class TrialOutcome(_Frozen):
             failure = dict(failure)  # the study's own copy stays as it is
             log = failure.pop("log_path")
             stored = stored | {"failure": failure | {"log": log and log.rsplit("/", 1)[-1]}}
-        return cls.model_validate(stored)
+        if (version or 1) < 2:  # a level's verdict was its point p99s: pass or fail
+            stored = stored | {"levels": [lv | {"verdict": "pass" if lv["passed"] else "fail"}
+                                          for lv in stored.get("levels", [])]}
+        return cls.model_validate(stored | {"schema_version": SCHEMA_VERSION})

@@ -3,6 +3,7 @@ confirmed pick), and the files a user runs and reads: best.yaml, best_command.sh
 Depends only on the study and the outcome types; `tune` and `report` both use it."""
 
 import csv
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
-from servetune.jsonio import write_json
+from servetune.jsonio import write_atomic, write_json
 from servetune.study import measured, outcome
 
 
@@ -91,21 +92,26 @@ def vllm_config_yaml(model: str, config: dict) -> str:
 
 
 def summary(study: optuna.Study, rows: list[dict] | None = None) -> dict:
-    """The study's recommendation (summary.json): the defaults and the best config (the confirmed pick when
-    the study was confirmed), whether and by how much it beats them, where the budget went. `rows`: the
-    study's `trial_row`s, when the caller has them."""
+    """The study's recommendation (summary.json): the tune's state, the defaults and the best config (the
+    head-to-head's recommendation when there was one), whether and by how much it beats them, the rate it
+    holds, where the budget went and what was not done. `rows`: the study's `trial_row`s, when the caller
+    has them."""
     meta = study.user_attrs["meta"]
     rows = [trial_row(t) for t in measured(study)] if rows is None else rows
     default, best, significant = choose_best(rows, meta["objective"])
     gain = (best["value"] / default["value"] - 1) if best and default and default["value"] else None
     confirmation = study.user_attrs.get("confirmation")
-    if confirmation is not None:  # the confirmed recommendation replaces the search's
+    if confirmation is not None:  # the head-to-head's recommendation replaces the search's
         best = next(r for r in rows if r["trial"] == confirmation["recommended_trial"])
         significant = confirmation["verdict"] == "confirmed"
         held, base = confirmation["recommended_goodput_rate"], confirmation["default_goodput_rate"]
         gain = held / base - 1 if significant and held and base else (0.0 if best is default else None)
+    progress = study.user_attrs.get("progress") or {}
     result = {
+        "state": progress.get("state", "complete"), "not_done": progress.get("not_done", []),
+        "time_limit_s": progress.get("time_limit_s"), "elapsed_s": progress.get("elapsed_s"),
         "objective": meta["objective"], "slo": meta["slo"],
+        "confidence": meta.get("levels", {}).get("confidence"),  # of each level's verdict (None: point p99s)
         "rate_unit": "x trace speed" if meta["workload"].get("trace") else "req/s",  # a trace's rates are speed-ups
         "default": _summary_entry(default), "best": _summary_entry(best),
         "best_beats_default": significant, "gain": gain, "confirmation": confirmation,
@@ -117,23 +123,70 @@ def summary(study: optuna.Study, rows: list[dict] | None = None) -> dict:
     }
     if best is not None:
         result["best_command"] = serve_command(meta["model"], best["config"])
-    return result
+    return result | {"answer": answer(result, rows)}
+
+
+def answer(summary: dict, rows: list[dict]) -> str:
+    """What to run, in a sentence or two: the recommended config, the rate it holds (decided at a stated
+    confidence) or why there is none, against vLLM's defaults, and what was not done. The CLI and the report
+    both print it."""
+    best, default = summary["best"], summary["default"]
+    state = {"running": "So far: ", "interrupted": "Interrupted: ", "time-limit": "At the time limit: "}.get(
+        summary["state"], "")
+    not_done = f" Not done: {'; '.join(summary['not_done'])}." if summary["not_done"] else ""
+    if best is None:
+        text = (f"no config ran to the end ({len(rows)} measured, all failed): the table says why." if rows
+                else "nothing was measured yet.")
+        return _sentence(state, text) + not_done
+    goodput = summary["objective"] == "goodput"
+    unit = summary["rate_unit"] if goodput else "req/s"
+    key = "goodput_rate" if goodput else "request_throughput"
+    is_default = default is not None and best["trial"] == default["trial"]
+    who = "vLLM's defaults" if is_default else f"trial #{best['trial']}'s config"
+    confirmation = summary["confirmation"] or {}
+    rate = confirmation.get("recommended_goodput_rate", best[key]) if goodput else best[key]
+    how = (f"decided at {summary['confidence']:.0%} confidence" if summary["confidence"]
+           else "by its levels' p99s, before servetune's verdicts were statistical")
+    holds = f"it holds {rate:.2f} {unit} within the SLOs ({how})" if goodput else f"{rate:.2f} req/s at full load"
+    if goodput and not rate:
+        low, high = next(r for r in rows if r["trial"] == best["trial"])["goodput_bracket"] or (0.0, 0.0)
+        holds = (f"no rate held the SLOs (its levels failed or stayed undecided down to {high:.2f} {unit}); "
+                 "the best estimate is below that rate")
+    if confirmation.get("reason"):
+        text = f"run {who}: {holds}; {confirmation['reason']}."
+    elif default is None:
+        text = f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
+    elif summary["best_beats_default"]:
+        text = (f"trial #{best['trial']} beats vLLM's defaults: {holds}, {summary['gain']:+.0%} over their "
+                f"{default[key]:.2f} {unit}, beyond the measured resolution.")
+    else:
+        top = max((r for r in rows if r["status"] == "ok"), key=lambda r: r["value"] or 0.0)
+        text = f"keep vLLM's defaults: {holds}."
+        if top["trial"] != default["trial"]:
+            text += (f" No config beat them beyond the measured resolution: the highest, trial #{top['trial']}, "
+                     f"measured {top['value']:.2f} {unit}.")
+    return _sentence(state, text) + not_done
+
+
+def _sentence(prefix: str, text: str) -> str:
+    return prefix + text if prefix else text[0].upper() + text[1:]
 
 
 def write_outputs(study: optuna.Study, out: Path) -> dict:
-    """best.yaml, best_command.sh, trials.csv and summary.json under `out`; returns the summary."""
+    """best.yaml, best_command.sh, trials.csv and summary.json under `out`, each written whole; returns the
+    summary."""
     rows = [trial_row(t) for t in measured(study)]
     result = summary(study, rows)
     if result["best"] is not None:
-        (out / "best.yaml").write_text(vllm_config_yaml(result["model"], result["best"]["config"]))
-        script = out / "best_command.sh"
-        script.write_text(f"#!/bin/sh\n# servetune: the best config found\nexec {result['best_command']}\n")
-        script.chmod(0o755)
-    with open(out / "trials.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["trial"])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _csv(v) for k, v in row.items()})
+        write_atomic(out / "best.yaml", vllm_config_yaml(result["model"], result["best"]["config"]))
+        write_atomic(out / "best_command.sh", f"#!/bin/sh\n# servetune: the best config found\nexec "
+                                              f"{result['best_command']}\n", mode=0o755)
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=list(rows[0]) if rows else ["trial"])
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _csv(v) for k, v in row.items()})
+    write_atomic(out / "trials.csv", table.getvalue())
     write_json(out / "summary.json", result)
     return result
 

@@ -4,7 +4,12 @@ Each trial's outcome lives in its Optuna user attributes (`outcome`: a `TrialOut
 validated when read back) and its raw files under `OUT/trials/NNNN/` (server log, per-level request records).
 """
 
+import fcntl
+import hashlib
 import json
+import os
+import socket
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +36,11 @@ def study_exists(storage: str) -> bool:
     try:
         return STUDY_NAME in [s.study_name for s in optuna.get_all_study_summaries(storage)]
     except Exception as e:  # a storage we cannot open: the caller reports it
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StudyError(redact(f"cannot open study storage {storage}: {reason}")) from None
+        raise StudyError(redact(f"cannot open study storage {storage}: {_first_line(e)}")) from None
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def check_storage(storage: str, resume: bool) -> bool:
@@ -47,21 +55,109 @@ def check_storage(storage: str, resume: bool) -> bool:
     return exists
 
 
+# What defines a study, as its meta records it, and the option that sets each: a resumed study must have them
+# all as it was made (the budget, the time limit and the parallelism may change).
+DEFINING = {"model": "--model", "workload": "--workload", "slo": "--slo", "objective": "--objective",
+            "strategy": "--strategy", "seed": "--seed", "user_engine_args": "--engine-arg",
+            "references": "--reference-config", "optional_knobs": "--knob", "tokenizer": "--tokenizer",
+            "levels": "the level options (--level-requests, --min-level-requests, --max-levels, --confidence, "
+                      "--request-timeout)",
+            "confirm": "--confirm/--no-confirm"}
+
+
 def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: dict[str, Any], resume: bool) -> optuna.Study:
     """Create the study, or with `resume` continue it. Refuses to mix studies (`check_storage`), and a
-    resumed one must be for the same model, workload, SLOs and objective."""
+    resumed one must have been made with every option that defines it (`DEFINING`) as given now."""
     exists = check_storage(storage, resume)
     study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
                                 load_if_exists=True)
     if exists:
         old = study.user_attrs.get("meta", {})
-        for key in ("model", "workload", "slo", "objective"):
-            if json.dumps(old.get(key), sort_keys=True) != json.dumps(meta.get(key), sort_keys=True):
-                raise StudyError(f"--resume: the study in {redact(storage)} has another {key}: {old.get(key)!r}")
+        if "levels" not in old:
+            raise StudyError(f"--resume: the study in {redact(storage)} was made by an older servetune, whose "
+                             "levels were not decided by a statistical test: start a new study (another --out)")
+        for key, option in DEFINING.items():
+            if _canonical(old.get(key)) != _canonical(meta.get(key)):
+                raise StudyError(f"--resume: {option} differs from the study's: it was {_shown(old.get(key))}, "
+                                 f"now {_shown(meta.get(key))}; resume with the options it was made with, or "
+                                 "use another --out/--study")
         requeue_interrupted(study)
     else:
         study.set_user_attr("meta", meta)
     return study
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+class StudyLock:
+    """One tuner per study at a time: an exclusive lock on `out/.servetune.lock` (flock: released when the
+    process ends, however it ends, so a crash leaves no stale lock) holding who took it; and for a PostgreSQL
+    study, shared by hosts, a session advisory lock on the server too. A second tuner gets StudyError naming
+    the holder."""
+
+    FILE = ".servetune.lock"
+
+    def __init__(self, out: Path, storage: str):
+        self.path, self.storage = out / self.FILE, storage
+        self.fd: int | None = None
+        self.connection = None
+
+    def acquire(self) -> "StudyLock":
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 4096).decode(errors="replace").strip()
+                os.close(fd)
+                raise StudyError(f"the study in {self.path.parent} is being tuned by {holder or 'another servetune'}"
+                                 ": wait for it to end, or stop it (Ctrl-C), then --resume") from None
+            try:
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # its holder removed it on release since we opened it: take the new one
+        os.ftruncate(fd, 0)
+        since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
+        self.fd = fd
+        if self.storage.startswith("postgresql"):
+            self._lock_server()
+        return self
+
+    def _lock_server(self) -> None:
+        """A PostgreSQL advisory lock for the study, held by this process's own connection."""
+        import sqlalchemy
+
+        try:
+            connection = sqlalchemy.create_engine(self.storage).connect()
+        except Exception as e:  # a server we cannot reach: say so in one line, as `study_exists` does
+            self.release()
+            raise StudyError(redact(f"cannot open study storage {self.storage}: {_first_line(e)}")) from None
+        key = int.from_bytes(hashlib.sha256(f"servetune:{STUDY_NAME}".encode()).digest()[:8], "big", signed=True)
+        if not connection.execute(sqlalchemy.text("SELECT pg_try_advisory_lock(:key)"), {"key": key}).scalar():
+            connection.close()
+            self.release()
+            raise StudyError(f"the study in {redact(self.storage)} is being tuned by another servetune (it holds "
+                             "the study's lock on the database server): wait for it to end, then --resume")
+        self.connection = connection
+
+    def release(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)  # before unlocking: a tuner that opened it now retries (acquire)
+            os.close(self.fd)  # the flock goes with it
+            self.fd = None
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:

@@ -1,8 +1,9 @@
 """One trial: launch vLLM with a config, measure its capacity and goodput rate over load levels, stop it.
 
 Before the first level the running server is checked against the workload (`preflight`): a config that
-would refuse or cut short part of the workload is not measured. A confirmation trial measures fixed
-(rate, seed) levels instead of searching. A trial that fails (OOM, bad config, a server that dies, a
+would refuse or cut short part of the workload is not measured. A head-to-head trial measures fixed
+(rate, seed) levels instead of searching. Each level at a finite rate sends until its statistical verdict
+is final (`servetune.verdict`). A deadline stops the trial where it is, keeping what it measured. A trial that fails (OOM, bad config, a server that dies, a
 workload the config rejects) returns an outcome that says so; it never raises for the engine's sake.
 """
 
@@ -23,6 +24,7 @@ from servetune.loadgen import RequestRecord, Target
 from servetune.metrics import tpot_ms, ttft_ms
 from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
 from servetune.search.objective import RateSearch, level_verdict, rejected_requests
+from servetune.verdict import Decision, LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.trace import trace_rate
 
@@ -31,14 +33,15 @@ SATURATION_MIN_FINISHED = 20
 
 @dataclass(frozen=True)
 class LevelOptions:
-    """How load levels are sized and timed, the same for every trial of a study."""
+    """How load levels are sized and decided, the same for every trial of a study. A level at a finite rate
+    sends until its statistical verdict is final (`servetune.verdict`), at most `requests`."""
 
-    seconds: float = 30.0  # target length of a level
-    requests: int = 300  # most requests in a level (the size of each prompt set)
-    min_requests: int = 50  # fewest requests in a level
+    requests: int = 600  # most requests a level sends (and the size of each prompt set)
+    min_requests: int = 40  # fewest requests a verdict rests on
     max_levels: int = 6  # levels per trial in the rate search
     warmup_requests: int = 8
     resolution: float = 0.05
+    confidence: float = 0.95  # of each level's verdict, pass and fail alike
     request_timeout_s: float | None = None  # None: derived from each level's requests (bench.default_request_timeout_s)
     startup_timeout_s: float = 900.0
 
@@ -54,20 +57,13 @@ class TrialPlan:
     level_sets: list[list[RequestSpec]]  # a fresh prompt set per level; set 0 is for the capacity level
     levels: LevelOptions = LevelOptions()
     engine_env: dict[str, str] = field(default_factory=dict)
-    fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # confirmation: (rate, seed) each
+    fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # a head-to-head: (rate, seed) each
 
 
 def requests_per_s(plan: TrialPlan, rate: float) -> float:
     """A level's rate in req/s: `rate` itself, or for a trace (whose rates are speed-up factors) `rate` times
     the trace's recorded rate."""
     return rate * (trace_rate(plan.level_sets[0]) or 1.0)
-
-
-def level_size(plan: TrialPlan, rate: float, available: int) -> int:
-    """Requests in a level at `rate`: `levels.seconds` worth, at least `levels.min_requests`."""
-    if not math.isfinite(rate):
-        return available
-    return max(plan.levels.min_requests, min(available, round(requests_per_s(plan, rate) * plan.levels.seconds)))
 
 
 def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Sequence[RequestRecord]], bool]:
@@ -92,35 +88,70 @@ def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Se
     return should_stop
 
 
+class LevelStop:
+    """A level's `should_stop`: its verdict is final (`test`), it is saturated, or the deadline (epoch s)
+    passed. `why` says which stopped it: "decided", "saturated" or "time limit"."""
+
+    def __init__(self, test: LevelTest | None, saturated: Callable[[Sequence[RequestRecord]], bool] | None,
+                 deadline: float | None):
+        self.test, self.saturated, self.deadline = test, saturated, deadline
+        self.seen = 0
+        self.why: str | None = None
+
+    def __call__(self, finished: Sequence[RequestRecord]) -> bool:
+        if self.test is not None:
+            for record in finished[self.seen:]:
+                self.test.add(record)
+            self.seen = len(finished)
+        if self.test is not None and self.test.decision != Decision.UNDECIDED:
+            self.why = "decided"
+        elif self.saturated is not None and self.saturated(finished):
+            self.why = "saturated"
+        elif self.deadline is not None and time.time() >= self.deadline:
+            self.why = "time limit"
+        return self.why is not None
+
+
 def run_trial(
     plan: TrialPlan,
     engine_args: dict[str, Any],
     out_dir: Path,
     *,
+    deadline: float | None = None,
     on_level: Callable[[str, float, int], None] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
 ) -> TrialOutcome:
-    """Launch, measure, stop. The outcome's paths are relative to `out_dir`."""
+    """Launch, measure, stop. The outcome's paths are relative to `out_dir`. At `deadline` (epoch s) the
+    level running is stopped and the trial ends with what it measured (`cut_short`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    engine = Engine(plan.model, engine_args, out_dir / "server.log", startup_timeout_s=plan.levels.startup_timeout_s,
+    started = time.monotonic()
+    startup_timeout_s = plan.levels.startup_timeout_s
+    if deadline is not None:
+        startup_timeout_s = max(1.0, min(startup_timeout_s, deadline - time.time()))
+    engine = Engine(plan.model, engine_args, out_dir / "server.log", startup_timeout_s=startup_timeout_s,
                     extra_env=plan.engine_env)
     facts: dict[str, Any] = {"rate_unit": plan.workload.rate_unit}
     try:
         facts["startup"] = engine.start()
     except EngineFailed as e:
+        if deadline is not None and time.time() >= deadline:
+            facts["cut_short"] = "time limit"
         failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=engine.log_path.name)
-        return TrialOutcome.failed(engine.engine_args, failure, **facts)
+        return TrialOutcome.failed(engine.engine_args, failure, wall_s=time.monotonic() - started, **facts)
     levels: list[LevelOutcome] = []
     search = None
     try:
         refusal = preflight(engine.base_url, plan)
         if refusal is None:
-            search = _measure(plan, engine, out_dir, levels, on_level, on_record)
+            search = _measure(plan, engine, out_dir, levels, deadline, on_level, on_record)
     finally:
         alive = engine.alive()
         engine.stop()
+    facts["wall_s"] = time.monotonic() - started
     if refusal is not None:
         return TrialOutcome.failed(engine.engine_args, refusal, **facts)
+    if any(lv.stopped == "time limit" for lv in levels) or (deadline is not None and time.time() >= deadline):
+        facts["cut_short"] = "time limit"
     if levels and not plan.fixed_levels:
         facts |= _search_result(levels, search)
     if not alive:
@@ -173,10 +204,11 @@ def _probe(base_url: str, plan: TrialPlan, request: RequestSpec) -> str | None:
     return None
 
 
-def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelOutcome],
+def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelOutcome], deadline: float | None,
              on_level: Callable | None, on_record: Callable | None) -> RateSearch | None:
-    """Run the plan's levels, appending each to `levels`: its fixed ones (confirmation), or capacity, the
-    workload's target rate and the rate search (goodput) while the server lives. Returns the rate search."""
+    """Run the plan's levels, appending each to `levels`: its fixed ones (a head-to-head), or capacity, the
+    workload's target rate and the rate search (goodput) while the server lives and the deadline allows.
+    Returns the rate search."""
     target = Target(engine.base_url, plan.model, plan.workload.endpoint)
     warmup_requests = plan.levels.warmup_requests
 
@@ -184,33 +216,35 @@ def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelO
         index = len(levels)
         seed = index if seed is None else seed
         requests = plan.level_sets[index % len(plan.level_sets)]
-        n = len(requests) - warmup_requests if plan.fixed_levels else level_size(plan, rate, len(requests) - warmup)
+        n = min(plan.levels.requests, len(requests) - warmup)
         if name == LevelName.CAPACITY and plan.objective == "goodput":  # only an upper bound for the rate search
             n = min(n, 3 * plan.levels.min_requests)
         for attempt in range(2):  # a level the client could not send on time is sent once more
             if on_level:
                 on_level(name, rate, n + warmup)
             _reset_prefix_cache(engine.base_url)
+            test = (LevelTest(plan.slo, first=min(plan.levels.min_requests, n), cap=n, first_index=warmup,
+                              confidence=plan.levels.confidence)
+                    if plan.slo and math.isfinite(rate) else None)
+            saturated = saturation_check(plan.slo, requests_per_s(plan, rate), n) if math.isfinite(rate) else None
+            stop = LevelStop(test, saturated, deadline)
             result = measure_level(
                 target, requests[: n + warmup], request_rate=rate, burstiness=plan.workload.burstiness,
                 max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
-                request_timeout_s=plan.levels.request_timeout_s, on_record=on_record,
-                should_stop=saturation_check(plan.slo, requests_per_s(plan, rate), n) if math.isfinite(rate) else None,
-            )
-            if not result.metrics.client_lagging:
+                request_timeout_s=plan.levels.request_timeout_s, on_record=on_record, should_stop=stop)
+            if not result.metrics.client_lagging or stop.why == "time limit":
                 break
         records = out_dir / f"level-{index:02d}.records.jsonl"
         result.load.save(records)
-        short = result.metrics.errors.get("short", 0)
-        reasons = level_verdict(result.metrics, plan.slo, short)
-        levels.append(LevelOutcome(name=name, rate=rate, seed=seed, passed=not reasons, reasons=reasons,
-                                   metrics=result.metrics, server=result.server, records=records.name,
-                                   rejected=rejected_requests(result.metrics) + short, attempts=attempt + 1))
+        levels.append(_level_outcome(name, rate, seed, result, stop, plan.slo, records.name, attempt + 1))
         return levels[-1]
 
-    if plan.fixed_levels:  # confirmation: every (rate, seed) as given, the first with warm-up requests
+    def time_left() -> bool:
+        return deadline is None or time.time() < deadline
+
+    if plan.fixed_levels:  # a head-to-head: every (rate, seed) as given, the first with warm-up requests
         for i, (rate, seed) in enumerate(plan.fixed_levels):
-            if not engine.alive():
+            if not engine.alive() or not time_left():
                 break
             level(LevelName.CONFIRM, rate, warmup=warmup_requests if i == 0 else 0, seed=seed)
         return None
@@ -219,12 +253,43 @@ def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelO
         return None
     search = RateSearch(capacity.metrics.request_throughput / requests_per_s(plan, 1.0), plan.levels.resolution,
                         plan.levels.max_levels)
-    if math.isfinite(plan.workload.request_rate):
+    if math.isfinite(plan.workload.request_rate) and time_left():
         at_target = level(LevelName.TARGET, plan.workload.request_rate)
         search.tell(at_target.rate, at_target.passed)
-    while (rate := search.next_rate()) is not None and engine.alive():
+    while time_left() and (rate := search.next_rate()) is not None and engine.alive():
         search.tell(rate, level(LevelName.SEARCH, rate).passed)
     return search
+
+
+def _level_outcome(name: LevelName, rate: float, seed: int, result, stop: LevelStop, slo: dict[str, float],
+                   records: str, attempts: int) -> LevelOutcome:
+    """A measured level with its verdict: fail on any hard reason (an SLO's test failed, errors, rejected or
+    short replies, a lagging client, saturation, falling behind), pass when every test passed, else
+    undecided (a test still open at the cap or at the time limit)."""
+    short = result.metrics.errors.get("short", 0)
+    if stop.test is not None:
+        stop.test.finish()
+    tests = list(stop.test.tests.values()) if stop.test is not None else None
+    hard = level_verdict(result.metrics, slo, short, tests=[t for t in tests or [] if t.decision == Decision.FAIL]
+                         if tests is not None else None)
+    if stop.why == "saturated":
+        hard.append("cut short: saturated")
+    open_tests = [t for t in tests or [] if t.decision == Decision.UNDECIDED] + [
+        name for name in slo if tests is not None and name not in {t.slo for t in tests}]
+    if hard:
+        verdict, reasons = Decision.FAIL, hard
+    elif open_tests:
+        verdict = Decision.UNDECIDED
+        reasons = [f"undecided: {t}" if isinstance(t, SloTest) else f"undecided: {t}: no request counted"
+                   for t in open_tests]
+        if stop.why == "time limit":
+            reasons.append("stopped by the time limit")
+    else:
+        verdict, reasons = Decision.PASS, []
+    return LevelOutcome(name=name, rate=rate, seed=seed, verdict=verdict, passed=verdict == Decision.PASS,
+                        reasons=reasons, tests=tests or [], stopped=stop.why, metrics=result.metrics,
+                        server=result.server, records=records,
+                        rejected=rejected_requests(result.metrics) + short, attempts=attempts)
 
 
 def _search_result(levels: list[LevelOutcome], search: RateSearch | None) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """The tuner: prepare the study, then ask the proposer for configs, run each as a trial on a real server
-(through an executor) and tell the study its outcome; confirm the best against vLLM's defaults. `results`
-turns the finished study into the recommendation and its files."""
+(through an executor) and tell the study its outcome; then the head-to-head of the pick against vLLM's
+defaults (`confirm`). Within a time limit (`timelimit`) it launches only what still fits. After every trial
+and at every stop (the end, the time limit, an interrupt) the outputs are written again (`report`), with the
+tune's state, so a run stopped at any moment leaves its best answer."""
 
 import statistics
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +15,23 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from servetune import __version__
-from servetune.confirm import Confirmation, ConfirmOptions, candidates_of, next_rates
+from servetune.confirm import candidates_of, decide, deciding_level, head_to_head_job, run_head_to_head
 from servetune.engine import InstalledVllm
 from servetune.errors import ServetuneError
 from servetune.executors import Executor, Job, WorkerError, WorkerLost, make_executor
+from servetune.jsonio import check_writable
 from servetune.memory import ModelShape
 from servetune.outcome import TrialOutcome
+from servetune.report import write_report
 from servetune.results import beats, summary, trial_row
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.objective import SLO_METRICS
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import Strategy, make_strategy, suggest
-from servetune.study import check_storage, default_storage, measured, open_study, outcome, requeue, trial_dir
+from servetune.study import (StudyLock, check_storage, default_storage, measured, open_study, outcome, requeue,
+                             trial_dir)
+from servetune.timelimit import TimePlan, duration
 from servetune.trial import LevelOptions, TrialPlan
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import model_len_for
@@ -55,7 +61,8 @@ class TuneOptions:
     seed: int = 0
     parallel: int | None = None  # trials at once (default 1; on a Ray cluster, as many as it has GPUs)
     ray_address: str | None = None
-    confirm: ConfirmOptions | None = field(default_factory=ConfirmOptions)  # None: recommend unconfirmed
+    confirm: bool = True  # the head-to-head of the pick against the defaults at the pick's rate
+    time_limit_s: float | None = None  # wall-clock budget of the whole tune, launches and head-to-head included
 
     def __post_init__(self) -> None:
         if self.objective not in ("goodput", "throughput"):
@@ -71,36 +78,63 @@ class Hooks:
     def trial_finished(self, number: int, out: TrialOutcome) -> None: ...
     def trial_lost(self, number: int, reason: str) -> None: ...
     def trial_skipped(self, number: int, config: dict, reason: str) -> None: ...
-    def confirm_started(self, number: int, config: dict, rates: list[float], opts: ConfirmOptions) -> None: ...
-    def confirm_finished(self, number: int, result: dict) -> None: ...
+    def confirm_started(self, number: int, config: dict, rates: list[float]) -> None: ...
+    def confirm_finished(self, number: int, out: TrialOutcome) -> None: ...
     def level_started(self, name: str, rate: float, n: int) -> None: ...
     def record(self, record) -> None: ...
+    def note(self, text: str) -> None: ...  # the time plan, a stop
 
 
 def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = None) -> dict:
-    """Run (or resume) a study until `budget` servers were launched, then confirm its pick; returns the
-    summary (`results.summary`; `report.write_report` writes it with the other outputs). With `parallel` > 1
-    or a `ray_address`, several trials run at once (see `servetune.executors`); an `executor` given here is
-    used instead of the one those options make."""
-    tokenizer, sets, model_len = _prepare(opts)
-    executor = executor or make_executor(opts.parallel, opts.ray_address, hooks.level_started, hooks.record)
+    """Run (or resume) a study until `budget` servers were launched or the time limit leaves no room for
+    another, then the head-to-head; returns the summary (`results.summary`), written with the other outputs
+    (`report.write_report`) after every trial and at the end. With `parallel` > 1 or a `ray_address`, several
+    trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one those
+    options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`) the outputs are written with
+    state `interrupted` and the exception goes on."""
+    clock = TimePlan(opts.time_limit_s, head_to_head=opts.confirm and opts.objective == "goodput")
+    lock = _lock(opts)
+    tuner = executor_made = None
     try:
+        tokenizer, sets, model_len = _prepare(opts)
+        executor = executor_made = executor or make_executor(opts.parallel, opts.ray_address, hooks.level_started,
+                                                             hooks.record)
         proposer = Proposer.open(opts, executor, sets, model_len)
-        _search(proposer, executor, hooks)
-        if opts.confirm is not None and opts.objective == "goodput":
-            _confirm(proposer.study, proposer.plan, tokenizer, opts, hooks, executor)
+        clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
+        tuner = Tuner(proposer, executor, hooks, clock)
+        tuner.publish("running")
+        tuner.search()
+        if opts.confirm and opts.objective == "goodput":
+            tuner.confirm(tokenizer)
+        return tuner.publish("time-limit" if tuner.not_done else "complete")
+    except KeyboardInterrupt:
+        if tuner is not None:
+            tuner.not_done.append("interrupted: continue with the same command and --resume")
+            tuner.publish("interrupted")
+        raise
     finally:
-        executor.close()
-    return summary(proposer.study)
+        if executor_made is not None:
+            executor_made.close()
+        lock.release()
+
+
+def _lock(opts: TuneOptions) -> StudyLock:
+    """The output directory, checked writable, and the study's lock (`StudyLock`) taken: before anything else
+    touches the study."""
+    try:
+        check_writable(opts.out / "summary.json")
+    except OSError as e:
+        raise ServetuneError(f"--out: cannot write into {opts.out}: {e.strerror or e}") from None
+    return StudyLock(opts.out, opts.storage or default_storage(opts.out)).acquire()
 
 
 def _prepare(opts: TuneOptions) -> tuple[Any, list[list[RequestSpec]], int]:
     """(tokenizer, request sets, max-model-len): everything a bad model path, dataset, workload or study
     storage fails on, before the vLLM probe (seconds) or any launch."""
-    opts.out.mkdir(parents=True, exist_ok=True)
     check_storage(opts.storage or default_storage(opts.out), opts.resume)
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
-    sets = [build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=opts.levels.requests)
+    count = opts.levels.requests + opts.levels.warmup_requests
+    sets = [build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=count)
             for k in range(opts.levels.max_levels + 2)]
     return tokenizer, sets, _model_len(opts.model, sets)
 
@@ -167,7 +201,9 @@ class Proposer:
         meta = {"model": opts.model, "workload": opts.workload.model_dump(mode="json"), "slo": opts.slo,
                 "objective": opts.objective, "strategy": opts.strategy, "budget": opts.budget,
                 "space": space.to_dict(), "user_engine_args": opts.engine_args, "servetune_version": __version__,
-                "vllm_version": vllm.version, "device": vllm.device_type, "out": str(opts.out.resolve())}
+                "vllm_version": vllm.version, "device": vllm.device_type, "out": str(opts.out.resolve()),
+                "levels": asdict(opts.levels), "seed": opts.seed, "references": opts.references,
+                "optional_knobs": list(opts.optional_knobs), "tokenizer": opts.tokenizer, "confirm": opts.confirm}
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == "throughput" and bool(opts.slo), slo=tuple(opts.slo))
         study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
@@ -234,62 +270,151 @@ class Proposer:
         return None
 
 
-def _search(proposer: Proposer, executor: Executor, hooks: Hooks) -> None:
-    """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
-    were launched; tell the study each outcome as it returns."""
-    study, budget = proposer.study, proposer.opts.budget
-    running: dict[Future, Launch] = {}
-    held: Launch | None = None  # proposed, waiting for devices to free up
-    announced = None  # the held trial's number once told to the hooks
-    skipped = lost_in_a_row = 0
-    while True:
-        if (held is None and len(running) < executor.slots and skipped < MAX_SKIPPED_IN_A_ROW
-                and len(measured(study)) + len(running) < budget):
-            proposal = proposer.next()
-            if isinstance(proposal, Skip):
-                skipped += 1
-                if not proposal.duplicate:  # duplicates are TPE's noise, not news
-                    hooks.trial_skipped(proposal.number, proposal.config, proposal.reason)
-                continue
-            held = proposal
-        if held is not None and announced != held.job.number:  # before submit: `Inline` runs the trial inside it
-            hooks.trial_started(held.job.number, held.job.config, held.trial.user_attrs.get("why", ""))
-            announced = held.job.number
-        if held is not None and (future := executor.submit(held.job)) is not None:
-            skipped = 0
-            running[future], held = held, None
-            continue
-        if not running:
+@dataclass
+class Tuner:
+    """The search loop, the head-to-head and the outputs of one tune."""
+
+    proposer: Proposer
+    executor: Executor
+    hooks: Hooks
+    clock: TimePlan
+    not_done: list[str] = field(default_factory=list)  # what the time limit (or a stop) left undone
+
+    def publish(self, state: str) -> dict:
+        """Record the tune's state in the study and write every output again; returns the summary."""
+        study, opts = self.proposer.study, self.proposer.opts
+        study.set_user_attr("progress", {"state": state, "not_done": self.not_done, "time_limit_s": opts.time_limit_s,
+                                         "elapsed_s": round(self.clock.elapsed(), 1)})
+        try:
+            write_report(opts.storage or default_storage(opts.out), opts.out)
+        except OSError as e:  # the study keeps everything: `servetune report` writes them later
+            self.hooks.note(f"could not write the outputs in {opts.out}: {e}")
+        return summary(study)
+
+    def search(self) -> None:
+        """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
+        were launched or the next trial no longer fits the time limit; tell the study each outcome as it
+        returns and write the outputs."""
+        study, budget, clock = self.proposer.study, self.proposer.opts.budget, self.clock
+        running: dict[Future, Launch] = {}
+        held: Launch | None = None  # proposed, waiting for devices to free up
+        announced = None  # the held trial's number once told to the hooks
+        skipped = lost_in_a_row = 0
+        if clock.deadline is not None:
+            self.hooks.note(clock.describe(_best_rate(study), budget - len(measured(study))))
+        while True:
+            left = budget - len(measured(study)) - len(running)
+            if held is None and len(running) < self.executor.slots and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
+                if not clock.can_launch(_best_rate(study)):
+                    if not running:
+                        self._out_of_time(left)
+                        return
+                else:
+                    proposal = self.proposer.next()
+                    if isinstance(proposal, Skip):
+                        skipped += 1
+                        if not proposal.duplicate:  # duplicates are TPE's noise, not news
+                            self.hooks.trial_skipped(proposal.number, proposal.config, proposal.reason)
+                        continue
+                    held = proposal
+            if held is not None and announced != held.job.number:  # before submit: `Inline` runs the trial in it
+                self.hooks.trial_started(held.job.number, held.job.config, held.trial.user_attrs.get("why", ""))
+                announced = held.job.number
+            if held is not None:
+                job = replace(held.job, deadline=clock.trial_deadline(_best_rate(study), left))
+                if (future := self.executor.submit(job)) is not None:
+                    skipped = 0
+                    running[future], held = replace(held, job=job), None
+                    continue
+            if not running:
+                return
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                lost = self._record(running.pop(future), future)
+                lost_in_a_row = lost_in_a_row + 1 if lost else 0
+                if lost_in_a_row >= MAX_LOST_IN_A_ROW:
+                    raise WorkerError(f"{lost_in_a_row} trials in a row lost their worker (last: {lost}); "
+                                      "their configs are queued: fix the cause and continue with --resume")
+            self.publish("running")
+            if clock.deadline is not None:
+                self.hooks.note(clock.describe(_best_rate(study), budget - len(measured(study)) - len(running)))
+
+    def _out_of_time(self, left: int) -> None:
+        budget = self.proposer.opts.budget
+        self.not_done.append(f"{left} of {budget} trials not launched: the time limit left no room for another "
+                             f"(~{duration(self.clock.trial_s())} each) and the head-to-head")
+        self.hooks.note(f"time limit: {self.not_done[-1]}")
+
+    def _record(self, launch: Launch, future: Future) -> str | None:
+        """Tell the study a finished trial's outcome. A trial whose worker died, or that the time limit stopped
+        before it measured anything, is queued again; returns why a worker was lost."""
+        proposer, hooks = self.proposer, self.hooks
+        study, job, trial = proposer.study, launch.job, launch.trial
+        try:
+            out: TrialOutcome = future.result()
+        except WorkerLost as e:
+            requeue(study, study.get_trials(deepcopy=False)[job.number], f"worker lost: {e}")
+            hooks.trial_lost(job.number, str(e))
+            return str(e)
+        self.clock.observe(out.wall_s, out.startup.ready_s if out.startup else None)
+        if out.cut_short and not out.levels:
+            requeue(study, study.get_trials(deepcopy=False)[job.number], "stopped by the time limit")
+            self.not_done.append(f"trial {job.number} was stopped by the time limit before it measured anything: "
+                                 "queued for --resume")
+            hooks.trial_lost(job.number, "stopped by the time limit before it measured anything")
+            return None
+        if out.cut_short:
+            self.not_done.append(f"trial {job.number}'s rate search was cut short by the time limit")
+        out = out.model_copy(update={"artifacts": str(job.out_dir.relative_to(proposer.opts.out))})
+        trial.set_user_attr("outcome", out.stored())
+        if proposer.memory is not None and out.startup and out.startup.kv_cache_tokens:
+            study.set_user_attr("calibration", proposer.memory.observe(_launches(study)).model_dump())
+        if out.ok:
+            trial.set_user_attr("constraints", _constraints(out, proposer.opts.slo))
+            study.tell(trial, out.goodput_rate if proposer.opts.objective == "goodput" else out.request_throughput)
+        else:
+            study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
+        hooks.trial_finished(job.number, out)
+        return None
+
+    def confirm(self, tokenizer) -> None:
+        """The head-to-head (`servetune.confirm`): the defaults at the pick's goodput rate, stored in the study
+        as its `confirmation`. A resumed study that measured nothing new keeps the confirmation it has."""
+        study, opts, plan = self.proposer.study, self.proposer.opts, self.proposer.plan
+        trials = len(measured(study))
+        if (study.user_attrs.get("confirmation") or {}).get("search_trials") == trials:
             return
-        done, _ = wait(running, return_when=FIRST_COMPLETED)
-        for future in done:
-            lost = _record(proposer, running.pop(future), future, hooks)
-            lost_in_a_row = lost_in_a_row + 1 if lost else 0
-            if lost_in_a_row >= MAX_LOST_IN_A_ROW:
-                raise WorkerError(f"{lost_in_a_row} trials in a row lost their worker (last: {lost}); "
-                                  "their configs are queued: fix the cause and continue with --resume")
+        rows = [trial_row(t) for t in measured(study)]
+        default = next((r for r in rows if r["role"] == "default" and r["status"] == "ok"), None)
+        if default is None:
+            return
+        candidates = candidates_of(rows, default, lambda row, base: beats(row, base, "goodput"))
+        pick = candidates[0] if candidates else None
+        head_to_head = pick_level = None
+        if pick is not None:
+            pick_level = deciding_level(outcome(study.get_trials(deepcopy=False)[pick["trial"]]), pick["goodput_rate"])
+            if self.clock.remaining() < self.clock.launch_s() + STOP_S_MIN:
+                self.not_done.append("the head-to-head with the defaults: the time limit came first")
+            else:
+                level_set = build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
+                                           count=plan.levels.requests + plan.levels.warmup_requests)
+                job = head_to_head_job(default, pick["goodput_rate"], plan, level_set, opts.out, self.clock.deadline)
+                head_to_head = run_head_to_head(job, self.executor, self.hooks)
+                if head_to_head is None:
+                    self.not_done.append("the head-to-head with the defaults: its worker was lost")
+                elif head_to_head.cut_short:
+                    self.not_done.append("the head-to-head with the defaults was cut short by the time limit")
+        record = decide(pick, default, head_to_head, pick_level)
+        study.set_user_attr("confirmation", record | {"search_trials": trials})
 
 
-def _record(proposer: Proposer, launch: Launch, future: Future, hooks: Hooks) -> str | None:
-    """Tell the study a finished trial's outcome. A trial whose worker died is queued again; returns why."""
-    study, job, trial = proposer.study, launch.job, launch.trial
-    try:
-        out: TrialOutcome = future.result()
-    except WorkerLost as e:
-        requeue(study, study.get_trials(deepcopy=False)[job.number], f"worker lost: {e}")
-        hooks.trial_lost(job.number, str(e))
-        return str(e)
-    out = out.model_copy(update={"artifacts": str(job.out_dir.relative_to(proposer.opts.out))})
-    trial.set_user_attr("outcome", out.stored())
-    if proposer.memory is not None and out.startup and out.startup.kv_cache_tokens:
-        study.set_user_attr("calibration", proposer.memory.observe(_launches(study)).model_dump())
-    if out.ok:
-        trial.set_user_attr("constraints", _constraints(out, proposer.opts.slo))
-        study.tell(trial, out.goodput_rate if proposer.opts.objective == "goodput" else out.request_throughput)
-    else:
-        study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
-    hooks.trial_finished(job.number, out)
-    return None
+STOP_S_MIN = 30.0  # the least time worth starting the head-to-head with, beyond a launch
+
+
+def _best_rate(study: optuna.Study) -> float | None:
+    """The highest goodput rate measured so far (req/s): what a head-to-head would run at."""
+    rates = [o.goodput_rate for t in measured(study) if (o := outcome(t)).ok and o.goodput_rate]
+    return max(rates, default=None)
 
 
 def _launches(study: optuna.Study) -> list[tuple[dict, int]]:
@@ -302,24 +427,3 @@ def _constraints(out: TrialOutcome, slo: dict[str, float]) -> list[float]:
     """Optuna constraints (<= 0 is feasible): each p99 over its SLO, at the capacity level."""
     metrics = out.capacity.metrics
     return [getattr(metrics, SLO_METRICS[k]) - v for k, v in slo.items()] or [0.0]
-
-
-def _confirm(study: optuna.Study, plan: TrialPlan, tokenizer, opts: TuneOptions, hooks: Hooks,
-             executor: Executor) -> None:
-    """Confirm the search's candidates against the defaults (`servetune.confirm`) and store the result in the
-    study; a resumed study that measured nothing new keeps the confirmation it has."""
-    trials = len(measured(study))
-    if (study.user_attrs.get("confirmation") or {}).get("search_trials") == trials:
-        return
-    rows = [trial_row(t) for t in measured(study)]
-    default = next((r for r in rows if r["role"] == "default" and r["status"] == "ok"), None)
-    if default is None or not next_rates(default):
-        return
-    candidates = candidates_of(rows, default, lambda row, base: beats(row, base, "goodput"))
-
-    def sets(k: int) -> list[RequestSpec]:
-        return build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000 + k,
-                              count=opts.confirm.requests + plan.levels.warmup_requests)
-
-    result = Confirmation(plan, sets, executor, opts.out, opts.confirm, hooks).run(default, candidates)
-    study.set_user_attr("confirmation", result | {"search_trials": trials})

@@ -3,6 +3,9 @@ confirmation): each search level's metrics, and each confirmation rate pooled ov
 `servetune.confirm.rate_result` does (keep-up over the runs together, p99 with a request-resampling 95%
 bootstrap interval).
 
+It ran with servetune at commit 234c013, whose confirmation (`ConfirmOptions`, `rate_result`) has since given
+way to the head-to-head (`servetune.confirm`): `git checkout 234c013` to run it again.
+
 Usage: python3 pooled.py TUNE_OUT ITL_SLO_MS TTFT_SLO_MS
 """
 

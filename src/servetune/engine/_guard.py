@@ -2,7 +2,7 @@
 
 Usage: python _guard.py CMD [ARG ...]. Start it as the leader of a new process group. The guard asks the
 kernel for SIGTERM when its parent dies (even by SIGKILL), and on SIGTERM/SIGINT/SIGHUP, or when CMD
-exits, it stops the whole group: TERM, a grace period (SERVETUNE_GRACE_S, default 10 s), then KILL.
+exits, it stops the whole group: TERM, a grace period (SERVETUNE_GRACE_S, default 5 s), then KILL.
 CMD itself gets SIGTERM from the kernel if the guard is killed before it can do that.
 A standalone script, so it needs nothing but the standard library.
 """
@@ -59,7 +59,7 @@ def die_with(parent: int) -> bool:
 def main() -> int:
     if not die_with(os.getppid()):
         return 1
-    grace_s = float(os.environ.get("SERVETUNE_GRACE_S", "10"))
+    grace_s = float(os.environ.get("SERVETUNE_GRACE_S", "5"))
 
     def on_signal(signum, frame):
         raise KeyboardInterrupt

@@ -205,7 +205,7 @@ class Engine:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self, grace_s: float = 20.0) -> None:
+    def stop(self, grace_s: float = 8.0) -> None:
         """Stop the whole process group: TERM (the guard forwards it), then KILL after `grace_s`."""
         proc, self.proc = self.proc, None
         lock, self._port_lock = self._port_lock, None

@@ -23,6 +23,7 @@ class Job:
     config: dict[str, Any]
     plan: TrialPlan
     out_dir: Path
+    deadline: float | None = None  # epoch s: the trial stops there, keeping what it measured
 
     @property
     def devices(self) -> int:
@@ -41,7 +42,7 @@ class WorkerError(RuntimeError):
 def run_job(job: Job) -> TrialOutcome:
     """A worker's whole task: the trial's outcome (its paths relative to `job.out_dir`). Every executor
     takes another `work` in its place: tests/test_executor_contract.py runs stand-ins that return, raise or die."""
-    return run_trial(job.plan, job.config, job.out_dir)
+    return run_trial(job.plan, job.config, job.out_dir, deadline=job.deadline)
 
 
 class Executor(Protocol):
@@ -78,7 +79,8 @@ class Inline:
         self.work = work or self._run_trial
 
     def _run_trial(self, job: Job) -> TrialOutcome:
-        return run_trial(job.plan, job.config, job.out_dir, on_level=self.on_level, on_record=self.on_record)
+        return run_trial(job.plan, job.config, job.out_dir, deadline=job.deadline, on_level=self.on_level,
+                         on_record=self.on_record)
 
     def probe(self) -> InstalledVllm:
         return probe()

@@ -66,11 +66,19 @@ class LoadResult:
     stopped_early: bool
 
     def save(self, path: str | Path) -> None:
-        """Write JSONL: a header line with the level's fields, then one line per record."""
+        """Write JSONL: a header line with the level's fields, then one line per record. Written whole or not at
+        all (a temporary file beside it, renamed into place)."""
+        path = Path(path)
         header = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
-        with open(path, "w") as out:
-            out.write(json.dumps(header) + "\n")
-            out.writelines(json.dumps(asdict(r)) + "\n" for r in self.records)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            with open(tmp, "w") as out:
+                out.write(json.dumps(header) + "\n")
+                out.writelines(json.dumps(asdict(r)) + "\n" for r in self.records)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: str | Path) -> LoadResult:

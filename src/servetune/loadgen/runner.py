@@ -16,6 +16,8 @@ from servetune.loadgen.records import LoadResult, RequestRecord
 from servetune.workload.request import RequestSpec
 from servetune.workload.trace import trace_rate
 
+WATCH_S = 0.25
+
 
 async def run_load(
     target: Target,
@@ -36,8 +38,8 @@ async def run_load(
     and recorded with `warmup=True`. The rest are due on the seeded gamma/Poisson schedule of
     `schedule_ns`; each is sent when due, or, with `max_concurrency`, as soon as a slot frees up
     after that. `on_record` gets each finished record; `should_stop` gets the finished timed
-    records after each completion, and when it returns True sending stops and requests in flight
-    are cancelled (recorded with error "cancelled"; those still waiting for a slot are not sent).
+    records after each completion (and every WATCH_S), and when it returns True sending stops and requests
+    in flight are cancelled (recorded with error "cancelled"; those still waiting for a slot are not sent).
     Automatic garbage collection is paused during the timed part, and where the OS permits it the
     event loop's thread runs it at real-time priority (`_realtime`).
 
@@ -111,11 +113,12 @@ async def run_load(
                 schedule = [(start_ns + due, n_warmup + i) for i, due in enumerate(due_ns)]
                 sender = asyncio.create_task(_send_on_schedule(schedule, send_one))
             stopper = asyncio.create_task(stop.wait())
+            watcher = asyncio.create_task(_watch(should_stop, finished, stop)) if should_stop else stopper
             await asyncio.wait((sender, stopper), return_when=asyncio.FIRST_COMPLETED)
             stopped_early = not sender.done()
-            stopper.cancel()
-            sender.cancel()
-            await asyncio.gather(stopper, sender, return_exceptions=True)
+            for task in (stopper, watcher, sender):
+                task.cancel()
+            await asyncio.gather(stopper, watcher, sender, return_exceptions=True)
             end_ns = perf_counter_ns()
         if not stopped_early:
             sender.result()  # re-raise an exception from on_record or should_stop
@@ -228,6 +231,16 @@ def _realtime():
         yield
     finally:
         os.sched_setscheduler(0, *before)
+
+
+async def _watch(should_stop: Callable[[Sequence[RequestRecord]], bool], finished: list[RequestRecord],
+                 stop: asyncio.Event) -> None:
+    """Ask `should_stop` every WATCH_S as well as after each completion: a level in which nothing finishes
+    (a hung server, a deadline) still stops."""
+    while not stop.is_set():
+        await asyncio.sleep(WATCH_S)
+        if should_stop(finished):
+            stop.set()
 
 
 async def _sleep_until(deadline_ns: int) -> None:

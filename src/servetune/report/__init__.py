@@ -5,6 +5,7 @@ from pathlib import Path
 from servetune.report import charts
 from servetune.report.data import importances, load_study, rows, unmeasured, write_levels_csv, write_trials_json
 from servetune.report.page import render
+from servetune.jsonio import write_atomic
 from servetune.results import write_outputs
 
 __all__ = ["write_report"]
@@ -37,6 +38,6 @@ def write_report(storage: str, out: Path) -> Path:
     images = {name: charts.save(fig, out / f"{name}.png") for name, fig in figures.items() if fig is not None}
     files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "report.html")
     page = out / "report.html"
-    page.write_text(render(meta, summary, trial_rows, unmeasured(study), images, importance, note,
+    write_atomic(page, render(meta, summary, trial_rows, unmeasured(study), images, importance, note,
                            ["report.html", *files]))
     return page

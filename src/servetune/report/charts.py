@@ -222,6 +222,9 @@ def importance_bars(importance: dict[str, float]) -> Figure:
 
 
 def save(fig: Figure, path: Path) -> Path:
+    """The figure as a PNG at `path`, written whole (through a temporary file renamed into place)."""
+    tmp = path.with_name(f".{path.name}.tmp")
     with matplotlib.rc_context(STYLE):
-        fig.savefig(path, format="png", facecolor="white")
+        fig.savefig(tmp, format="png", facecolor="white")
+    tmp.replace(path)
     return path

@@ -2,6 +2,7 @@
 parameter importances, and the JSON/CSV exports."""
 
 import csv
+import io
 import json
 import warnings
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from servetune.jsonio import jsonable, write_json
+from servetune.jsonio import jsonable, write_atomic, write_json
 from servetune.results import trial_row
 from servetune.study import STUDY_NAME, StudyError, measured, outcome, study_exists
 
@@ -88,18 +89,20 @@ def write_levels_csv(trial_rows: list[dict], path: Path) -> None:
         for index, level in enumerate(row["levels"]):
             entry: dict[str, Any] = {
                 "trial": row["trial"], "role": row["role"], "level": index, "name": str(level.name),
-                "rate": level.rate, "passed": level.passed, "reasons": "; ".join(level.reasons),
+                "rate": level.rate, "verdict": str(level.verdict), "passed": level.passed,
+                "reasons": "; ".join(level.reasons), "stopped": level.stopped,
             }
             entry |= level.metrics.model_dump()
             entry |= {f"server_{k}": v for k, v in (level.server or {}).items()}
             entry["records"] = level.records
             table.append(entry)
     columns = list(dict.fromkeys(k for entry in table for k in entry)) or ["trial"]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for entry in table:
-            writer.writerow({k: _cell(v) for k, v in entry.items()})
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    for entry in table:
+        writer.writerow({k: _cell(v) for k, v in entry.items()})
+    write_atomic(path, text.getvalue())
 
 
 def _cell(value: Any) -> Any:

@@ -45,33 +45,6 @@ def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
-def verdict(summary: dict, rows: list[dict]) -> str:
-    """One sentence: what to run and why."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    unit = ((summary.get("rate_unit", "req/s") if summary["objective"] == "goodput" else "req/s") + " "
-            + ("goodput" if summary["objective"] == "goodput" else "throughput"))
-    default, best = summary["default"], summary["best"]
-    top = max(ok, key=lambda r: r["value"] or 0.0, default=None)
-    if top is None:
-        return f"No config ran to the end: {len(rows)} measured, all failed. The table says why."
-    if default is None:
-        return (f"vLLM's defaults did not run; the best config that did is trial #{top['trial']} "
-                f"({number(top['value'])} {unit}).")
-    confirmation = summary.get("confirmation")
-    if confirmation is not None:
-        held = confirmation["recommended_goodput_rate"]
-        pick = "vLLM's defaults" if best["trial"] == default["trial"] else f"Trial #{best['trial']}"
-        return (f"{pick}: {confirmation['verdict']} ({confirmation['reason']}); it holds "
-                f"{number(held)} {unit} in the confirmation runs.")
-    if summary["best_beats_default"]:
-        return (f"Trial #{best['trial']} beats vLLM's defaults: {number(_value(best, summary))} vs "
-                f"{number(_value(default, summary))} {unit} ({summary['gain']:+.0%}), beyond the measured resolution.")
-    if top["trial"] == default["trial"]:
-        return f"No config beat vLLM's defaults ({number(_value(default, summary))} {unit}): keep them."
-    return (f"No config beat vLLM's defaults beyond the measured resolution: the highest, trial #{top['trial']}, "
-            f"measured {number(top['value'])} vs {number(_value(default, summary))} {unit}. Keep the defaults.")
-
-
 def _value(entry: dict | None, summary: dict) -> float | None:
     """The objective's value of a summary entry (which carries both rates)."""
     if entry is None:
@@ -88,7 +61,7 @@ def render(meta: dict, summary: dict, rows: list[dict], unmeasured: list[dict], 
     best, default = summary["best"], summary["default"]
     return env.from_string(TEMPLATE).render(
         meta=meta, summary=summary, rows=rows, unmeasured=unmeasured, importance=importance,
-        importance_note=importance_note, files=files, verdict=verdict(summary, rows),
+        importance_note=importance_note, files=files, confidence=meta.get("levels", {}).get("confidence", 0.95),
         value_label=value_label(meta["objective"]), measured_at=measured_at(meta["objective"]),
         images={name: data_uri(path) for name, path in images.items()},
         default_trial=(default or {}).get("trial"), best_trial=(best or {}).get("trial"),

@@ -1,11 +1,12 @@
 """What a trial is scored on: SLOs a load level must meet, and the search for the highest rate that meets them."""
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from servetune.errors import ServetuneError
 from servetune.metrics import LevelMetrics
+from servetune.verdict import Decision, SloTest
 
 # SLO name -> the level metric it bounds (p99 over the level's requests, vLLM's field names)
 SLO_METRICS = {
@@ -35,16 +36,22 @@ def rejected_requests(metrics: LevelMetrics) -> int:
 
 
 def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], short_replies: int = 0,
-                  keep_up: bool = True) -> list[str]:
-    """Why a level fails its SLOs (empty when it meets them all). A level must also keep up: finish its
+                  keep_up: bool = True, tests: Sequence[SloTest] | None = None) -> list[str]:
+    """Why a level does not pass its SLOs (empty when it passes). With `tests` (the level's statistical
+    tests, `servetune.verdict`) each SLO is judged by its test: a failed one, or one left undecided, is a
+    reason; without them, by the level's p99 against its bound. A level must also keep up: finish its
     requests without errors and, in its steady part, complete >= 95% as many requests as arrive, or fall short
     by no more than its own noise (`fell_behind`); an overloaded level can meet latency SLOs while its queue is
     still filling.
     Requests the config rejects, replies cut short of max_tokens and a client that fell behind its own
     schedule (`client_lagging`) are named apart from server-side failures. `keep_up=False` leaves the keep-up
-    check to the caller (confirmation pools it over several runs)."""
-    reasons = [f"{name} {getattr(metrics, SLO_METRICS[name]):.1f} > {bound:g}"
-               for name, bound in slo.items() if getattr(metrics, SLO_METRICS[name]) > bound]
+    check to the caller."""
+    if tests is None:
+        reasons = [f"{name} {getattr(metrics, SLO_METRICS[name]):.1f} > {bound:g}"
+                   for name, bound in slo.items() if getattr(metrics, SLO_METRICS[name]) > bound]
+    else:
+        reasons = [str(test) if test.decision == Decision.FAIL else f"undecided: {test}"
+                   for test in tests if test.decision != Decision.PASS]
     rejected = rejected_requests(metrics)
     if rejected:
         reasons.append(f"config rejected {rejected} requests (HTTP 4xx)")
@@ -55,8 +62,6 @@ def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], short_replies
     if metrics.client_lagging:
         reasons.append(f"client fell behind its schedule (p99 lag {metrics.p99_schedule_lag_ms:.0f} ms): "
                        "not a measurement of the server")
-    if metrics.stopped_early:
-        reasons.append("cut short: saturated")
     if keep_up and math.isfinite(metrics.offered_request_rate) and (
             behind := fell_behind(metrics.keep_up_ratio, metrics.keep_up_se)):
         steady = metrics.steady_request_rate or 0.0
@@ -78,17 +83,20 @@ def fell_behind(ratio: float | None, se: float | None) -> str | None:
 
 @dataclass
 class RateSearch:
-    """Bracketing and bisection for the goodput rate: the highest request rate whose level meets the SLOs.
+    """Bracketing and bisection for the goodput rate: the highest request rate whose level passes its SLOs.
 
-    Starts at `start_fraction` of the measured capacity (the throughput at rate inf), halves until a rate
-    passes, then bisects between the highest passing and the lowest failing rate until they are within
-    `resolution` (relative) or `max_levels` rates were tried. Pure: the caller measures each rate.
+    Starts at `start_fraction` of the measured capacity (the throughput at rate inf) and steps down by
+    `step_down` until a rate passes, then bisects between the highest passing and the lowest failing rate
+    until they are within `resolution` (relative) or `max_levels` rates were tried. A failing level ends
+    early and a passing one needs a few hundred requests (`servetune.verdict`), so it steps down in small
+    steps from above rather than halving into slow low rates. Pure: the caller measures each rate.
     """
 
     capacity: float
     resolution: float = 0.05
     max_levels: int = 6
     start_fraction: float = 0.8
+    step_down: float = 0.75
     min_fraction: float = 1 / 32
 
     def __post_init__(self) -> None:
@@ -108,7 +116,7 @@ class RateSearch:
         if len(self.tried) >= self.max_levels or self.capacity <= 0:
             return None
         if self.passed is None:
-            rate = self.capacity * self.start_fraction if self.failed is None else self.failed / 2
+            rate = self.capacity * self.start_fraction if self.failed is None else self.failed * self.step_down
             return rate if rate >= self.capacity * self.min_fraction else None
         upper = self.failed if self.failed is not None else self.capacity
         if (upper - self.passed) / upper <= self.resolution:

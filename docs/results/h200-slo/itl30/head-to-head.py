@@ -6,6 +6,9 @@ that run (the tune's confirmation sets 9, 10, 11: workload seed + 100_000 + k; a
 two configs saw the same requests at the same instants. Pooled by servetune.confirm.rate_result under
 p99 ITL <= 30 ms and p99 TTFT <= 2000 ms (95% bootstrap intervals resampling whole requests).
 
+It ran with servetune at commit 234c013, whose confirmation (`ConfirmOptions`, `rate_result`) has since given
+way to the head-to-head (`servetune.confirm`): `git checkout 234c013` to run it again.
+
 Usage: python3 head-to-head.py MODEL RESULT_DIR [RATE] [REQUESTS] [FIRST_SET] [WORKLOAD]
 """
 

@@ -1,0 +1,28 @@
+"""Stopping on a signal: SIGINT, SIGTERM and SIGHUP raise `Interrupted` in the main thread, so a bench or a
+tune unwinds as on Ctrl-C (servers stopped by their `finally`, outputs written) and exits 128 + the signal.
+Installed explicitly, whatever the parent set: a script's `cmd &` starts a program with SIGINT ignored."""
+
+import signal
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop asked for by a signal; `exit_code` is the shell's 128 + its number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+def exit_code(e: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C (a plain KeyboardInterrupt), else the signal's own code."""
+    return e.exit_code if isinstance(e, Interrupted) else 128 + signal.SIGINT
+
+
+def handle_signals() -> None:
+    """Make SIGINT, SIGTERM and SIGHUP raise `Interrupted` from now on (main thread only)."""
+
+    def on_signal(signum, frame):
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
