@@ -116,19 +116,33 @@ def test_a_stream_that_ends_short_fails_the_run(fake, tiny_model, tmp_path):
     assert result["completed"] == 2 and result["errors"] == {"short": 2}
 
 
-def test_ctrl_c_keeps_the_finished_requests(fake, tiny_model, tmp_path):
-    """SIGINT mid-run: exit 130 and the requests finished so far in the JSON (interrupted) and the records."""
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_keeps_the_finished_requests(fake, tiny_model, tmp_path, sig, code):
+    """SIGINT (to a bench started with SIGINT ignored, as a script's `cmd &` starts it) or SIGTERM mid-run: exit
+    130 / 143 and the requests finished so far in the JSON (interrupted) and the records."""
     url, requests = fake
     out = tmp_path / "o.json"
     argv = bench(url, tiny_model, out, "--request-rate", "20", "--num-prompts", "400", max_tokens=20)
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 60
     while requests() < 40 and time.monotonic() < deadline:
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == code, stderr
     result = json.loads(out.read_text())
     assert result["interrupted"] is True and 10 < result["completed"] < 400
     records = out.with_suffix(".records.jsonl").read_text().splitlines()
     assert len(records) - 1 == result["completed"] + result["failed"]
+    assert f"the {result['completed']} requests that finished before the interrupt" in stderr
+
+
+def test_an_unwritable_json_path_is_refused_before_any_request(fake, tiny_model, tmp_path):
+    url, requests = fake
+    (tmp_path / "a-file").write_text("")
+    for where, why in ((tmp_path, "it is a directory"), (tmp_path / "a-file" / "o.json", "a-file is a file, not a")):
+        proc = subprocess.run(bench(url, tiny_model, where), capture_output=True, text=True)
+        assert proc.returncode == 2 and f"--json: cannot write {where}" in last_line(proc), proc.stderr
+        assert why in last_line(proc)
+    assert requests() == 0

@@ -666,6 +666,10 @@ def report(
     from servetune.study import default_storage
 
     with one_line_errors():
+        try:
+            check_writable(out / "report.html")
+        except OSError as e:
+            raise UsageError(f"--out: cannot write into {out}: {e.strerror or e}") from None
         path = write_report(study or default_storage(out), out)
     console.print(f"report: {path}", highlight=False)
 

@@ -1,6 +1,7 @@
 """Strict JSON out: infinite rates as "inf" (JSON has no Infinity), paths and enums as text. Every output is
 written whole or not at all (a temporary file renamed into place): a stopped run never leaves a truncated one."""
 
+import errno
 import json
 import math
 import os
@@ -42,7 +43,10 @@ def check_writable(path: Path) -> None:
     """Make `path`'s directory and check a file can be written there as `path`, before any work that would
     be lost if it could not: OSError (with the path) otherwise."""
     if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory")
+        raise IsADirectoryError(errno.EISDIR, "it is a directory")
+    existing = next(p for p in path.parents if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"{existing} is a file, not a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".check")
     os.close(fd)
