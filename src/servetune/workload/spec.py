@@ -216,7 +216,8 @@ class WorkloadSpec(_Model):
 
 
 def load_workload(path: Path) -> WorkloadSpec:
-    """Read and validate a workload YAML file; a relative dataset or trace path is taken relative to the file."""
+    """Read and validate a workload YAML file; a relative dataset or trace path is taken relative to the file.
+    A trace is read here too, so a bad row is refused (file:line) before a tokenizer or server is touched."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -237,6 +238,10 @@ def load_workload(path: Path) -> WorkloadSpec:
         source = getattr(spec, name)
         if source is not None and not source.path.is_absolute():
             spec = spec.model_copy(update={name: source.model_copy(update={"path": path.parent / source.path})})
+    if spec.trace is not None:
+        from servetune.workload.trace import read_trace  # it imports this module
+
+        read_trace(spec.trace.path)
     return spec
 
 
