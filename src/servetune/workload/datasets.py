@@ -46,12 +46,7 @@ def sample_dataset(
     `prompt_len` counts the special tokens the tokenizer adds, as the completions endpoint does.
     """
     path = Path(spec.path)
-    try:
-        entries = _read(path, spec.format, path.stat().st_mtime_ns)
-    except OSError as e:
-        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise WorkloadError(f"{path}: not UTF-8 text") from None
+    entries = _entries(spec)
     requests = []
     for i in rng.permutation(len(entries)):
         prompt, output = entries[i]
@@ -68,6 +63,23 @@ def sample_dataset(
     if not requests:
         raise WorkloadError(f"{path}: no usable entries (none within the length limits)")
     return requests + [requests[i] for i in rng.integers(len(requests), size=count - len(requests))]
+
+
+def mean_output_tokens(spec: DatasetSpec) -> float:
+    """About the mean output length of the dataset's entries (tokens), without tokenizing: JSONL's max_tokens,
+    or a ShareGPT reply's characters over 4 (English text's usual characters per token)."""
+    outputs = [output if isinstance(output, int) else len(output) / 4 for _, output in _entries(spec)]
+    return sum(outputs) / len(outputs)
+
+
+def _entries(spec: DatasetSpec) -> tuple[tuple[str, str | int], ...]:
+    path = Path(spec.path)
+    try:
+        return _read(path, spec.format, path.stat().st_mtime_ns)
+    except OSError as e:
+        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not UTF-8 text") from None
 
 
 def sample_conversations(

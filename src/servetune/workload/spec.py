@@ -31,6 +31,11 @@ class Fixed(_Model):
         """The shortest length it produces."""
         return self.value
 
+    @property
+    def mean_len(self) -> float:
+        """The mean length it produces (tokens)."""
+        return float(self.value)
+
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """`size` lengths in tokens (int64)."""
         return np.full(size, self.value, dtype=np.int64)
@@ -52,6 +57,11 @@ class _Bounded(_Model):
     def low(self) -> int:
         return self.min
 
+    @property
+    def mean_len(self) -> float:
+        """About the mean length it produces (tokens): the distribution's `mean` clipped to [min, max]."""
+        return float(np.clip(self.mean, self.min, self.max or math.inf))
+
     def _clip(self, draws: np.ndarray) -> np.ndarray:
         return np.clip(np.rint(draws), self.min, self.max).astype(np.int64)
 
@@ -61,6 +71,10 @@ class Uniform(_Bounded):
 
     type: Literal["uniform"] = "uniform"
     max: PositiveInt
+
+    @property
+    def mean_len(self) -> float:
+        return (self.min + self.max) / 2
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.integers(self.min, self.max, size, endpoint=True)
