@@ -127,6 +127,15 @@ def test_bench_launch_refuses_prompts_longer_than_the_models_context_before_laun
     assert proc.returncode == 2 and "(512 tokens): the longest (600 prompt + 8 output tokens)" in last_line(proc)
 
 
+def test_the_max_model_len_a_launch_gets(tiny_model):
+    from servetune.bench import launch_model_len
+
+    assert launch_model_len(str(tiny_model), {}) == 4096  # the model's context
+    assert launch_model_len(str(tiny_model), {"max_model_len": 512}) == 512
+    assert launch_model_len(str(tiny_model), {"max_model_len": "8k"}) is None  # vLLM's to read: checked once served
+    assert launch_model_len("org/not-here", {}) is None
+
+
 def test_a_server_that_never_answers_fails_each_request_after_the_request_timeout(fake, tiny_model, tmp_path):
     url, _ = fake
     out = tmp_path / "o.json"

@@ -57,12 +57,13 @@ def check_server(target: Target, timeout_s: float = 10.0) -> int | None:
 
 def launch_model_len(model: str, engine_args: Mapping[str, object]) -> int | None:
     """The max-model-len a server launched with `engine_args` gets: the `max_model_len` engine arg, else the
-    model's context (config.json's max_position_embeddings, as `tune` reads it); None when neither is known."""
+    model's context (config.json's max_position_embeddings, as `tune` reads it); None when not known before
+    launching (a value such as "8k" is vLLM's to read; the served one is checked once the server is up)."""
     from servetune.memory import ModelShape
 
     given = engine_args.get("max_model_len")
-    if isinstance(given, int) and not isinstance(given, bool):
-        return given
+    if given is not None:
+        return given if isinstance(given, int) and not isinstance(given, bool) else None
     try:
         return ModelShape.from_path(model).max_position_embeddings
     except (OSError, ValueError, KeyError):
