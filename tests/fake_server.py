@@ -1,6 +1,6 @@
 """Test double: a fast OpenAI-compatible streaming server (`/v1/completions`, `/v1/chat/completions`).
 
-    python tests/fake_server.py [--port 0] [--token-delay-ms D]
+    python tests/fake_server.py [--port 0] [--token-delay-ms D] [--max-model-len N]
 
 Prints `port N` once listening. Streams `max_tokens` (chat: `max_completion_tokens`) tokens as
 vLLM does (chat adds a leading role-only delta), then a usage chunk and `data: [DONE]`. With
@@ -11,7 +11,7 @@ answers that status, `fake:close_after=K` aborts the connection after K tokens,
 `fake:end_after=K` ends it cleanly after K tokens (no usage, no `[DONE]`), `fake:stall_after=K` sends K
 tokens and then nothing, keeping the connection open, `fake:hang=1` accepts the request and never answers,
 `fake:malformed=1` streams an event that is not JSON.
-`GET /v1/models` lists the model `fake`; `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
+`GET /v1/models` lists the model `fake` (with `max_model_len` N when given); `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ def _response(status: int, reason: str, body: dict) -> bytes:
 class FakeServer:
     """Request accounting and the decode tick shared by all connections."""
 
-    def __init__(self, token_delay_s: float) -> None:
+    def __init__(self, token_delay_s: float, max_model_len: int | None = None) -> None:
         self.token_delay_s = token_delay_s
+        self.model_card = {"id": "fake", "object": "model"} | (
+            {"max_model_len": max_model_len} if max_model_len is not None else {})
         self.streams: list[list] = []  # [transport, per-tick bytes, next tick, close_after]
         self.ticking = False
         self.requests = 0
@@ -71,7 +73,7 @@ class FakeServer:
             self.peak = self.in_flight
             return
         if method == b"GET" and path == b"/v1/models":
-            transport.write(_response(200, "OK", {"object": "list", "data": [{"id": "fake", "object": "model"}]}))
+            transport.write(_response(200, "OK", {"object": "list", "data": [self.model_card]}))
             return
         endpoint = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}.get(path)
         if method != b"POST" or endpoint is None:
@@ -163,8 +165,8 @@ class _Connection(asyncio.Protocol):
             self.server.handle(self.transport, method, path, body)
 
 
-async def serve(port: int, token_delay_ms: float) -> None:
-    server = FakeServer(token_delay_ms / 1000)
+async def serve(port: int, token_delay_ms: float, max_model_len: int | None = None) -> None:
+    server = FakeServer(token_delay_ms / 1000, max_model_len)
     listener = await asyncio.get_running_loop().create_server(
         lambda: _Connection(server), "127.0.0.1", port, backlog=4096)
     print("port", listener.sockets[0].getsockname()[1], flush=True)
@@ -175,10 +177,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--max-model-len", type=int, default=None)
     args = parser.parse_args()
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(args.port, args.token_delay_ms))
+        asyncio.run(serve(args.port, args.token_delay_ms, args.max_model_len))
     else:
-        uvloop.run(serve(args.port, args.token_delay_ms))
+        uvloop.run(serve(args.port, args.token_delay_ms, args.max_model_len))

@@ -48,6 +48,22 @@ def test_bench_against_a_running_server(vllm_server, tmp_path):
 
 
 @pytest.mark.vllm
+def test_bench_refuses_prompts_longer_than_a_real_servers_context(vllm_server, tmp_path):
+    from servetune.engine import scrape
+
+    out = tmp_path / "long.json"
+    before = scrape.scrape(vllm_server.base_url)["prompt_tokens"]
+    proc = run("bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model, "--input-len", "8522",
+               "--output-len", "8", "--num-prompts", "2", "--json", str(out), timeout=120)
+    assert proc.returncode == 2
+    assert error_line(proc) == (
+        f"error: 2 of 2 requests are longer than the max-model-len of the server at {vllm_server.base_url} (4096 "
+        "tokens): the longest (8522 prompt + 8 output tokens) needs 8530; vLLM would refuse them or cut their "
+        "replies short: shorten the workload")
+    assert scrape.scrape(vllm_server.base_url)["prompt_tokens"] == before and not out.exists()
+
+
+@pytest.mark.vllm
 def test_bench_launch_and_a_server_crash_mid_run(tiny_model, tmp_path):
     """--launch starts vLLM; killing its engine core mid-run fails the requests, keeps the records, exits 1,
     and leaves no vLLM process behind."""

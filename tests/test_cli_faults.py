@@ -17,10 +17,11 @@ FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 
 
 @pytest.fixture
-def fake():
-    """A fake server (one token per 20 ms tick) and a function returning how many requests it has had."""
-    proc = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--token-delay-ms", "20"], stdout=subprocess.PIPE,
-                            text=True)
+def fake(request):
+    """A fake server (one token per 20 ms tick; indirect parametrization adds its options) and a function
+    returning how many requests it has had."""
+    proc = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--token-delay-ms", "20",
+                             *getattr(request, "param", [])], stdout=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{proc.stdout.readline().split()[1]}"
 
     def requests() -> int:
@@ -91,6 +92,48 @@ def test_a_study_password_is_never_printed(tiny_model, tmp_path):
     assert proc.returncode == 2
     assert "S3cretPW" not in proc.stderr + proc.stdout
     assert last_line(proc).startswith("error: cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9")
+
+
+@pytest.mark.parametrize("fake", [["--max-model-len", "4096"]], indirect=True)
+def test_bench_refuses_prompts_longer_than_the_servers_context_before_any_request(fake, tiny_model, tmp_path):
+    url, requests = fake
+    out = tmp_path / "o.json"
+    proc = subprocess.run(bench(url, tiny_model, out, "--input-len", "8522", "--num-prompts", "3"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        f"error: 3 of 3 requests are longer than the max-model-len of the server at {url} (4096 tokens): the longest "
+        "(8522 prompt + 8 output tokens) needs 8530; vLLM would refuse them or cut their replies short: shorten the "
+        "workload"]
+    assert requests() == 0 and not out.exists()
+    ok = subprocess.run(bench(url, tiny_model, out, "--input-len", "4000", "--num-prompts", "2"), capture_output=True,
+                        text=True, timeout=120)  # what fits is sent
+    assert ok.returncode == 0, ok.stderr
+    assert requests() == 2
+
+
+def test_bench_launch_refuses_prompts_longer_than_the_models_context_before_launching(tiny_model, tmp_path):
+    out = tmp_path / "o.json"
+    proc = subprocess.run([*SERVETUNE, "bench", "--launch", "--model", str(tiny_model), "--input-len", "8522",
+                           "--output-len", "8", "--num-prompts", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert last_line(proc).startswith(f"error: 2 of 2 requests are longer than the max-model-len of the model "
+                                      f"{tiny_model.resolve()} (4096 tokens): the longest (8522 prompt + 8 output")
+    assert "launching" not in proc.stderr and not out.with_suffix(".server.log").exists()
+    proc = subprocess.run([*SERVETUNE, "bench", "--launch", "--model", str(tiny_model), "--engine-arg",
+                           "max-model-len=512", "--input-len", "600", "--output-len", "8", "--num-prompts", "2",
+                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "(512 tokens): the longest (600 prompt + 8 output tokens)" in last_line(proc)
+
+
+def test_the_max_model_len_a_launch_gets(tiny_model):
+    from servetune.bench import launch_model_len
+
+    assert launch_model_len(str(tiny_model), {}) == 4096  # the model's context
+    assert launch_model_len(str(tiny_model), {"max_model_len": 512}) == 512
+    assert launch_model_len(str(tiny_model), {"max_model_len": "8k"}) is None  # vLLM's to read: checked once served
+    assert launch_model_len("org/not-here", {}) is None
 
 
 def test_a_server_that_never_answers_fails_each_request_after_the_request_timeout(fake, tiny_model, tmp_path):

@@ -106,6 +106,10 @@ def test_sharegpt_conversations_are_cut_at_the_length_limits(tmp_path, tokenizer
         "sessions": {"turns": {"type": "fixed", "value": 5}}})
     assert [(t.session, t.turn) for t in build_requests(spec, tokenizer)] == [(0, 0), (1, 0)]
     path.write_text("[]")
+    with pytest.raises(WorkloadError, match=r"no conversations \(the file holds an empty list\)"):
+        build_requests(spec, tokenizer)
+    path.write_text(json.dumps([{"conversations": [{"from": "human", "value": " ".join(["abo"] * 40)},
+                                                   {"from": "gpt", "value": "ebu ebu ebu ebu"}]}]))
     with pytest.raises(WorkloadError, match="no usable conversation"):
         build_requests(spec, tokenizer)
 

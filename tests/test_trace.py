@@ -55,6 +55,36 @@ def test_servetune_layout_with_prefix_groups(tmp_path):
     assert read_trace(path) == (TraceRow(0.0, 10, 4, ("a",)), TraceRow(1.0, 12, 5), TraceRow(1.5, 11, 6, ("a",)))
 
 
+def test_azure_utc_offsets_are_honoured(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.000000+05:00,10,4\n"  # 13:15:46 UTC
+                    "2023-11-16 18:15:46.180000,11,4\n"  # no offset: UTC, five hours later
+                    "2023-11-16 09:15:47.000000-04:00,12,4\n")  # 13:15:47 UTC: one second after the first
+    rows = read_trace(path)
+    assert [(round(r.arrival_s, 6), r.input_tokens) for r in rows] == [(0.0, 10), (1.0, 12), (18000.18, 11)]
+
+
+@pytest.mark.parametrize("text", [
+    "timestamp,input_tokens,output_tokens\n0,10,4\nnan,10,4\n",
+    "timestamp,input_tokens,output_tokens\n0,10,4\ninf,10,4\n",
+    "timestamp,input_tokens,output_tokens\n0,10,4\n-1,10,4\n",
+])
+def test_a_timestamp_that_is_not_finite_and_non_negative_is_refused_naming_its_line(tmp_path, text):
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(WorkloadError, match=r"t\.csv:3: timestamp '(nan|inf|-1)' is not a finite number >= 0"):
+        read_trace(path)
+
+
+def test_a_mooncake_infinity_is_refused_when_the_workload_is_loaded(tmp_path):
+    (tmp_path / "m.jsonl").write_text('{"timestamp": 0, "input_length": 10, "output_length": 4}\n'
+                                      '{"timestamp": Infinity, "input_length": 10, "output_length": 4}\n')
+    (tmp_path / "w.yaml").write_text("num_requests: 2\ntrace: {path: m.jsonl}\n")
+    with pytest.raises(WorkloadError, match=r"m\.jsonl:2: timestamp inf is not a finite number >= 0"):
+        load_workload(tmp_path / "w.yaml")
+
+
 @pytest.mark.parametrize("text, message", [
     ("timestamp,input_tokens,output_tokens\n0,abc,4\n", ":2: not a trace row"),
     ("time,prompt,reply\n0,1,1\n", ":2: unknown trace layout"),

@@ -1,5 +1,6 @@
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from servetune.tinymodel import write_tiny_model
+from servetune.workload import prompts
 from servetune.workload import (
     DatasetSpec,
     LengthDistribution,
@@ -222,6 +224,37 @@ def test_count_overrides_num_requests(tiny_tokenizer):
     assert len(build_requests(spec(num_requests=5), tiny_tokenizer, count=12)) == 12
 
 
+def test_a_billion_requests_are_refused_at_once_naming_the_limit(tiny_tokenizer):
+    started = time.monotonic()
+    with pytest.raises(WorkloadError, match=r"^1,000,000,000 requests to build: at most 1,000,000 in one run"):
+        build_requests(spec(num_requests=1_000_000_000), tiny_tokenizer)
+    assert time.monotonic() - started < 1
+
+
+def test_more_requests_than_memory_holds_are_refused_with_the_limit(tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr(prompts, "available_memory_bytes", lambda: 100 * 2**20)
+    workload = spec(input_len={"type": "fixed", "value": 1024}, output_len={"type": "uniform", "min": 64, "max": 192})
+    each = 1024 + 16 * 1024 + 48 * 128  # bytes: a request, its prompt's tokens and its output's chunk timestamps
+    assert prompts.request_bytes(workload, 10) == each
+    with pytest.raises(WorkloadError) as error:
+        build_requests(workload, tiny_tokenizer, count=5000)
+    assert str(error.value) == (f"5,000 requests to build: about 112 MiB in memory (23 KiB each), more than 50% of "
+                                f"the 100 MiB available; at most {50 * 2**20 // each:,} requests of this workload")
+    assert len(build_requests(workload, tiny_tokenizer, count=3)) == 3
+
+
+def test_a_trace_is_sized_by_the_rows_it_replays(tmp_path, tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr(prompts, "available_memory_bytes", lambda: 2**20)
+    path = write(tmp_path / "t.csv", "timestamp,input_tokens,output_tokens\n0,10,4\n1,400,100\n")
+    workload = WorkloadSpec.model_validate({"num_requests": 10**12, "trace": {"path": str(path)}})
+    assert prompts.request_bytes(workload, 10**12) == 1024 + 16 * 205 + 48 * 52
+    assert len(build_requests(workload, tiny_tokenizer)) == 2
+
+
+def test_available_memory_is_read():
+    assert 0 < prompts.available_memory_bytes() < 2**50
+
+
 def test_input_too_short_for_prefix_and_special_tokens(bpe_tokenizer):
     workload = spec(input_len={"type": "fixed", "value": 11}, prefix={"length": 10})
     with pytest.raises(WorkloadError, match="input_len 11 leaves no text"):
@@ -290,6 +323,15 @@ def test_jsonl_requests(tmp_path, tiny_tokenizer):
         ("sg.json", "sharegpt", '[\n{"conversations": ]', "sg.json: Invalid JSON: expected value at line 2"),
         ("sg.json", "sharegpt", '{"conversations": []}', "sg.json: Input should be a valid array"),
         ("sg.json", "sharegpt", json.dumps([sharegpt_entry("a", "b")]), "sg.json: no usable entries"),
+        ("r.jsonl", "jsonl", '{"prompt": "a", "max_tokens": 5}\n{"prompt": "", "max_tokens": 5}\n',
+         "r.jsonl:2: prompt: empty"),
+        ("r.jsonl", "jsonl", '{"prompt": " \\n ", "max_tokens": 5}\n', "r.jsonl:1: prompt: empty (only whitespace)"),
+        ("r.jsonl", "jsonl", "", "r.jsonl: the file is empty (no JSON lines)"),
+        ("r.jsonl", "jsonl", "\n  \n", "r.jsonl: the file is empty (no JSON lines)"),
+        ("sg.json", "sharegpt", "", "sg.json: the file is empty"),
+        ("sg.json", "sharegpt", "[]", "sg.json: no conversations (the file holds an empty list)"),
+        ("sg.json", "sharegpt", json.dumps([sharegpt_entry("a", None)]),
+         "sg.json: no conversation has a human turn followed by a gpt reply"),
         ("missing.json", "sharegpt", None, "missing.json: cannot read: No such file"),
     ],
 )

@@ -37,8 +37,9 @@ class LevelResult:
     server: dict | None
 
 
-def check_server(target: Target, timeout_s: float = 10.0) -> None:
-    """Raise ServerUnreachable with one clear line unless the server answers and serves `target.model`."""
+def check_server(target: Target, timeout_s: float = 10.0) -> int | None:
+    """Raise ServerUnreachable with one clear line unless the server answers and serves `target.model`.
+    Returns the model's max-model-len as `/v1/models` lists it (vLLM's `max_model_len`), None when not listed."""
     try:
         response = httpx.get(target.base_url.rstrip("/") + "/v1/models", timeout=timeout_s)
         response.raise_for_status()
@@ -48,9 +49,38 @@ def check_server(target: Target, timeout_s: float = 10.0) -> None:
         listing = response.json()
     except ValueError as e:  # not JSON: not an OpenAI-compatible server
         raise ServerUnreachable(f"{target.base_url}/v1/models did not answer JSON: {e}") from None
-    served = [m["id"] for m in listing.get("data", [])]
+    served = {m["id"]: m.get("max_model_len") for m in listing.get("data", [])}
     if target.model not in served:
-        raise ServerUnreachable(f"{target.base_url} does not serve model {target.model!r}; it serves {served}")
+        raise ServerUnreachable(f"{target.base_url} does not serve model {target.model!r}; it serves {list(served)}")
+    return served[target.model] if isinstance(served[target.model], int) else None
+
+
+def launch_model_len(model: str, engine_args: Mapping[str, object]) -> int | None:
+    """The max-model-len a server launched with `engine_args` gets: the `max_model_len` engine arg, else the
+    model's context (config.json's max_position_embeddings, as `tune` reads it); None when not known before
+    launching (a value such as "8k" is vLLM's to read; the served one is checked once the server is up)."""
+    from servetune.memory import ModelShape
+
+    given = engine_args.get("max_model_len")
+    if given is not None:
+        return given if isinstance(given, int) and not isinstance(given, bool) else None
+    try:
+        return ModelShape.from_path(model).max_position_embeddings
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def check_context(requests: Sequence[RequestSpec], model_len: int | None, server: str) -> None:
+    """Raise ServetuneError, before any request is sent, when a request needs more than `model_len` (the
+    server's max-model-len; None: unknown, nothing checked), as `tune` refuses such a workload: vLLM would
+    refuse it (HTTP 400) or cut its reply short. A request's need is its `min_model_len` (`workload.fit`)."""
+    over = [r for r in requests if r.min_model_len > (model_len or float("inf"))]
+    if over:
+        longest = max(over, key=lambda r: r.min_model_len)
+        raise ServetuneError(
+            f"{len(over)} of {len(requests)} requests are longer than the max-model-len of {server} ({model_len}"
+            f" tokens): the longest ({longest.prompt_len} prompt + {longest.output_len} output tokens) needs "
+            f"{longest.min_model_len}; vLLM would refuse them or cut their replies short: shorten the workload")
 
 
 def _scrape(base_url: str) -> dict | None:

@@ -322,8 +322,10 @@ def _save_records(load, path: Path) -> Path:
 def _bench_launched(opts: BenchOptions, requests: list, output: dict) -> None:
     """Launch vLLM, bench it and stop it, adding the engine's facts and the results to `output`; a server
     that does not start is written down and exits 1."""
+    from servetune.bench import check_context, launch_model_len
     from servetune.engine import Engine, EngineFailed, serve_command
 
+    check_context(requests, launch_model_len(opts.model, opts.engine_args), f"the model {opts.model}")
     engine = Engine(opts.model, opts.engine_args, opts.json_out.with_suffix(".server.log"))
     console.print(f"launching: {serve_command(opts.model, engine.engine_args)}")
     try:
@@ -347,11 +349,11 @@ def _bench_launched(opts: BenchOptions, requests: list, output: dict) -> None:
 def _bench_at(url: str, opts: BenchOptions, requests: list, output: dict) -> dict:
     """Check the server at `url`, send the requests, save the records and print the table; the metrics and
     the server's counters, as the JSON has them."""
-    from servetune.bench import check_server
+    from servetune.bench import check_context, check_server
     from servetune.loadgen import Target
 
     target = Target(url, opts.model, opts.workload.endpoint)
-    check_server(target)
+    check_context(requests, check_server(target), f"the server at {url}")
     level = _measure(target, requests, opts, output)
     _save_records(level.load, opts.json_out.with_suffix(".records.jsonl"))
     console.print(_summary_table(f"servetune bench: {opts.model}", level.metrics, level.server))

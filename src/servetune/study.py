@@ -9,11 +9,13 @@ import hashlib
 import json
 import os
 import socket
+import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
 from servetune.errors import ServetuneError
@@ -32,15 +34,79 @@ def default_storage(out: Path) -> str:
     return f"sqlite:///{(out / 'study.db').resolve()}"
 
 
-def study_exists(storage: str) -> bool:
+def sqlite_file(storage: str) -> Path | None:
+    """The file of an SQLite storage URL (`sqlite:///path`); None for another database or an in-memory one."""
     try:
-        return STUDY_NAME in [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        url = sqlalchemy.engine.make_url(storage)
+    except sqlalchemy.exc.ArgumentError:
+        return None
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:") or url.database.startswith("file:"):
+        return None
+    return Path(url.database)
+
+
+def study_exists(storage: str, read_only: bool = False) -> bool:
+    """Whether `storage` holds a servetune study, found without writing into it: a missing SQLite file is not
+    created, nor an empty one given Optuna's tables (`report`, and a `--resume` that finds no study, leave the
+    storage as they found it). StudyError, one line, for a storage that cannot be opened, a file that is not
+    an SQLite database and a corrupt one. `read_only`: an SQLite file is opened read-only, so not even the
+    rollback of a write a killed run left unfinished (which a writer does on opening) happens."""
+    path = sqlite_file(storage)
+    if path is not None:
+        return _sqlite_holds_study(path, read_only)
+    try:
+        engine = sqlalchemy.create_engine(storage)
+        try:
+            with engine.connect() as connection:
+                return sqlalchemy.inspect(connection).has_table("studies") and connection.execute(
+                    sqlalchemy.text("SELECT 1 FROM studies WHERE study_name = :name"), {"name": STUDY_NAME}
+                ).first() is not None
+        finally:
+            engine.dispose()
     except Exception as e:  # a storage we cannot open: the caller reports it
         raise StudyError(redact(f"cannot open study storage {storage}: {_first_line(e)}")) from None
 
 
 def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _sqlite_holds_study(path: Path, read_only: bool) -> bool:
+    """Whether the SQLite file at `path` holds a servetune study (a missing or empty file holds none); its
+    pages are checked (`PRAGMA quick_check`), so a corrupt file is named before a tuner writes into it."""
+    try:
+        if not path.exists() or path.stat().st_size == 0:
+            return False
+        with path.open("rb") as f:
+            header = f.read(len(_SQLITE_HEADER))
+    except OSError as e:
+        raise StudyError(f"{path}: cannot read the study: {e.strerror}") from None
+    if header != _SQLITE_HEADER:
+        raise StudyError(f"{path} is not an SQLite database (it lacks SQLite's header), so not a study: move it "
+                         "away or use another --out/--study")
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode={'ro' if read_only else 'rw'}", uri=True)
+        try:
+            check = " ".join(connection.execute("PRAGMA quick_check").fetchone()[0].split())  # may span lines
+            if check != "ok":
+                raise StudyError(f"{path} is a corrupt SQLite database ({check}): restore it or use another "
+                                 "--out/--study")
+            tables = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'studies'")
+            return tables.fetchone() is not None and connection.execute(
+                "SELECT 1 FROM studies WHERE study_name = ?", (STUDY_NAME,)).fetchone() is not None
+        finally:
+            connection.close()
+    except sqlite3.OperationalError as e:  # cannot open, locked, or (read-only) a hot journal to roll back
+        unfinished = read_only and path.with_name(path.name + "-journal").exists()
+        raise StudyError(f"{path}: cannot read the study: {e}" + (
+            f" (a write left unfinished by a stopped run, in {path.name}-journal: `tune --resume` recovers it)"
+            if unfinished else "")) from None
+    except sqlite3.DatabaseError as e:
+        raise StudyError(f"{path} is a corrupt SQLite database ({e}): restore it or use another --out/--study"
+                         ) from None
 
 
 def check_storage(storage: str, resume: bool) -> bool:

@@ -13,16 +13,20 @@ from optuna.trial import TrialState
 
 from servetune.jsonio import jsonable, write_atomic, write_json
 from servetune.results import trial_row
-from servetune.study import STUDY_NAME, StudyError, measured, outcome, study_exists
+from servetune.study import STUDY_NAME, StudyError, measured, outcome, sqlite_file, study_exists
 
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with searched params before importances mean anything
 
 
 def load_study(storage: str) -> optuna.Study:
-    """The servetune study in `storage`; StudyError when there is none (a missing SQLite file is not created)."""
-    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists():
+    """The servetune study in `storage`; StudyError when there is none. Nothing is written into the storage
+    before it is known to hold a servetune study (a missing or empty SQLite file stays as it is)."""
+    path = sqlite_file(storage)
+    if path is not None and not path.exists():
         raise StudyError(f"no servetune study in {storage}: no such file")
-    if not study_exists(storage):
+    if path is not None and path.is_file() and path.stat().st_size == 0:
+        raise StudyError(f"no servetune study in {storage}: the file is empty")
+    if not study_exists(storage, read_only=True):
         raise StudyError(f"no servetune study in {storage}")
     study = optuna.load_study(storage=storage, study_name=STUDY_NAME)
     if "meta" not in study.user_attrs:

@@ -42,15 +42,11 @@ def sample_dataset(
 
     ShareGPT: the prompt is the first human turn and output_len the token count of the gpt reply after it;
     entries outside `spec`'s length limits are skipped, as `vllm bench serve` does. JSONL lines are used as given.
+    A file with no entries, or (ShareGPT) no human turn answered by gpt, is refused saying so.
     `prompt_len` counts the special tokens the tokenizer adds, as the completions endpoint does.
     """
     path = Path(spec.path)
-    try:
-        entries = _read(path, spec.format, path.stat().st_mtime_ns)
-    except OSError as e:
-        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise WorkloadError(f"{path}: not UTF-8 text") from None
+    entries = _entries(spec)
     requests = []
     for i in rng.permutation(len(entries)):
         prompt, output = entries[i]
@@ -69,6 +65,23 @@ def sample_dataset(
     return requests + [requests[i] for i in rng.integers(len(requests), size=count - len(requests))]
 
 
+def mean_output_tokens(spec: DatasetSpec) -> float:
+    """About the mean output length of the dataset's entries (tokens), without tokenizing: JSONL's max_tokens,
+    or a ShareGPT reply's characters over 4 (English text's usual characters per token)."""
+    outputs = [output if isinstance(output, int) else len(output) / 4 for _, output in _entries(spec)]
+    return sum(outputs) / len(outputs)
+
+
+def _entries(spec: DatasetSpec) -> tuple[tuple[str, str | int], ...]:
+    path = Path(spec.path)
+    try:
+        return _read(path, spec.format, path.stat().st_mtime_ns)
+    except OSError as e:
+        raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not UTF-8 text") from None
+
+
 def sample_conversations(
     spec: DatasetSpec, tokenizer: "PreTrainedTokenizerBase", rng: np.random.Generator
 ) -> Iterator[list[tuple[str, str, int]]]:
@@ -83,6 +96,8 @@ def sample_conversations(
         raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
     except UnicodeDecodeError:
         raise WorkloadError(f"{path}: not UTF-8 text") from None
+    if not conversations:
+        raise WorkloadError(f"{path}: no conversation has a human turn followed by a gpt reply")
     found = False
     while True:
         for i in rng.permutation(len(conversations)):
@@ -132,19 +147,28 @@ def _read(path: Path, format: str, mtime_ns: int) -> tuple[tuple[str, str | int]
 
 
 def _read_sharegpt(path: Path) -> tuple[tuple[str, str], ...]:
-    exchanges = (_first_exchange(conversation.conversations) for conversation in _parse_sharegpt(path))
-    return tuple(exchange for exchange in exchanges if exchange is not None)
+    exchanges = tuple(filter(None, (_first_exchange(c.conversations) for c in _parse_sharegpt(path))))
+    if not exchanges:
+        raise WorkloadError(f"{path}: no conversation has a human turn followed by a gpt reply")
+    return exchanges
 
 
 def _parse_sharegpt(path: Path) -> list[_Conversation]:
+    """The file's conversations; WorkloadError for an empty file, invalid JSON or entries, or an empty list."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise WorkloadError(f"{path}: the file is empty")
     try:
-        return _SHAREGPT.validate_json(path.read_bytes())
+        conversations = _SHAREGPT.validate_json(data)
     except ValidationError as e:
         first = e.errors()[0]
         if first["type"] == "json_invalid":
             raise WorkloadError(f"{path}: {first['msg']}") from None
         where = [f"entry {first['loc'][0]}", ".".join(map(str, first["loc"][1:]))] if first["loc"] else []
         raise WorkloadError(": ".join([str(path), *filter(None, where), first["msg"]])) from None
+    if not conversations:
+        raise WorkloadError(f"{path}: no conversations (the file holds an empty list)")
+    return conversations
 
 
 def _first_exchange(turns: list[_Turn]) -> tuple[str, str] | None:
@@ -157,6 +181,8 @@ def _first_exchange(turns: list[_Turn]) -> tuple[str, str] | None:
 
 
 def _read_jsonl(path: Path) -> tuple[tuple[str, int], ...]:
+    """(prompt, max_tokens) of every line; WorkloadError naming file:line for a bad line or an empty prompt, and
+    for a file with no lines."""
     pairs = []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
@@ -168,5 +194,9 @@ def _read_jsonl(path: Path) -> tuple[tuple[str, int], ...]:
                 first = e.errors()[0]
                 field = ".".join(map(str, first["loc"]))
                 raise WorkloadError(f"{path}:{number}: {field + ': ' if field else ''}{first['msg']}") from None
+            if not record.prompt.strip():
+                raise WorkloadError(f"{path}:{number}: prompt: empty{' (only whitespace)' if record.prompt else ''}")
             pairs.append((record.prompt, record.max_tokens))
+    if not pairs:
+        raise WorkloadError(f"{path}: the file is empty (no JSON lines)")
     return tuple(pairs)

@@ -1,21 +1,33 @@
 """Turn a workload spec into concrete requests whose prompts are exactly as long as intended, in the model's tokens."""
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servetune.workload.datasets import sample_dataset
+from servetune.workload.datasets import mean_output_tokens, sample_dataset
 from servetune.workload.fit import with_min_model_len
 from servetune.workload.request import RequestSpec
 from servetune.workload.sessions import build_session_turns
 from servetune.workload.spec import WorkloadError, WorkloadSpec
-from servetune.workload.trace import build_trace_requests
+from servetune.workload.trace import build_trace_requests, read_trace
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 _MAX_ATTEMPTS = 20
+
+# How many requests one run may build. Every prompt is built (tokenizer-exact, ~3,000 short or ~200 1k-token
+# prompts a second on a 2-core CPU) and held before the first is sent, and each request then holds its record.
+MAX_REQUESTS = 1_000_000  # minutes of building at the least: a longer run is better split into several
+MEMORY_SHARE = 0.5  # of the memory available when building starts; the rest is for the tokenizer, client, OS
+# What a request costs while a run holds it: its RequestSpec and RequestRecord with the metrics' per-request
+# values (~1 KiB), its prompt text (a random token's characters, up to 4 bytes each for non-ASCII text) and
+# one chunk timestamp per output token in its record (a list slot and an int).
+BYTES_PER_REQUEST = 1024
+BYTES_PER_PROMPT_TOKEN = 16
+BYTES_PER_OUTPUT_TOKEN = 48
 
 
 def load_tokenizer(path_or_name: str | Path) -> "PreTrainedTokenizerBase":
@@ -45,6 +57,7 @@ def build_requests(
     """
     rng = np.random.default_rng(spec.seed if seed is None else seed)
     count = spec.num_requests if count is None else count
+    check_size(spec, count)
     if spec.trace is not None:
         return with_min_model_len(build_trace_requests(spec.trace, tokenizer, TextSampler(tokenizer, rng), count),
                                   tokenizer, spec.endpoint)
@@ -68,6 +81,70 @@ def build_requests(
         prompt = texts.exact(input_len - added, head=prefixes[i % len(prefixes)])
         requests.append(RequestSpec(prompt, input_len, output_len))
     return with_min_model_len(requests, tokenizer, spec.endpoint)
+
+
+def check_size(spec: WorkloadSpec, count: int) -> None:
+    """Refuse (WorkloadError, one line with the limit) to build `count` requests of `spec` when they are more
+    than MAX_REQUESTS, or would take more than MEMORY_SHARE of the memory available now (`request_bytes`
+    each). Cheap: nothing is built or tokenized (a trace's or dataset's file is read, as building would)."""
+    if spec.trace is not None:
+        count = min(count, len(read_trace(spec.trace.path)))
+    each = request_bytes(spec, count)
+    available = available_memory_bytes()
+    limit = min(MAX_REQUESTS, int(MEMORY_SHARE * available // each) if available else MAX_REQUESTS)
+    if count <= limit:
+        return
+    if limit == MAX_REQUESTS:
+        raise WorkloadError(f"{count:,} requests to build: at most {MAX_REQUESTS:,} in one run (every prompt is "
+                            "built before the first is sent, ~3,000 short ones a second on a 2-core CPU); split the run")
+    raise WorkloadError(
+        f"{count:,} requests to build: about {_size(count * each)} in memory ({_size(each)} each), more than "
+        f"{MEMORY_SHARE:.0%} of the {_size(available)} available; at most {limit:,} requests of this workload")
+
+
+def request_bytes(spec: WorkloadSpec, count: int) -> int:
+    """About the bytes one of `count` requests of `spec` takes while a run holds it (BYTES_PER_*): a dataset's
+    prompts are its file's own strings, shared; a session turn holds its new message and planned reply."""
+    if spec.trace is not None:
+        rows = read_trace(spec.trace.path)[:count]
+        prompt = sum(r.input_tokens for r in rows) / len(rows)
+        output = sum(r.output_tokens for r in rows) / len(rows)
+    elif spec.dataset is not None:
+        prompt, output = 0.0, mean_output_tokens(spec.dataset)
+    else:
+        prompt, output = spec.input_len.mean_len, spec.output_len.mean_len
+        if spec.sessions is not None:
+            prompt += output
+    return int(BYTES_PER_REQUEST + BYTES_PER_PROMPT_TOKEN * prompt + BYTES_PER_OUTPUT_TOKEN * output)
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process can still take: Linux's MemAvailable, less where a cgroup's limit leaves less;
+    None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            return None
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            left = int(Path(limit).read_text()) - int(Path(usage).read_text())
+        except (OSError, ValueError):  # no such cgroup file, or "max": no limit
+            continue
+        available = min(available, max(left, 0))
+    return available
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:,.0f} TiB"
 
 
 class TextSampler:

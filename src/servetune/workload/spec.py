@@ -31,6 +31,11 @@ class Fixed(_Model):
         """The shortest length it produces."""
         return self.value
 
+    @property
+    def mean_len(self) -> float:
+        """The mean length it produces (tokens)."""
+        return float(self.value)
+
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """`size` lengths in tokens (int64)."""
         return np.full(size, self.value, dtype=np.int64)
@@ -52,6 +57,11 @@ class _Bounded(_Model):
     def low(self) -> int:
         return self.min
 
+    @property
+    def mean_len(self) -> float:
+        """About the mean length it produces (tokens): the distribution's `mean` clipped to [min, max]."""
+        return float(np.clip(self.mean, self.min, self.max or math.inf))
+
     def _clip(self, draws: np.ndarray) -> np.ndarray:
         return np.clip(np.rint(draws), self.min, self.max).astype(np.int64)
 
@@ -61,6 +71,10 @@ class Uniform(_Bounded):
 
     type: Literal["uniform"] = "uniform"
     max: PositiveInt
+
+    @property
+    def mean_len(self) -> float:
+        return (self.min + self.max) / 2
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.integers(self.min, self.max, size, endpoint=True)
@@ -216,7 +230,8 @@ class WorkloadSpec(_Model):
 
 
 def load_workload(path: Path) -> WorkloadSpec:
-    """Read and validate a workload YAML file; a relative dataset or trace path is taken relative to the file."""
+    """Read and validate a workload YAML file; a relative dataset or trace path is taken relative to the file.
+    A trace is read here too, so a bad row is refused (file:line) before a tokenizer or server is touched."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -237,6 +252,10 @@ def load_workload(path: Path) -> WorkloadSpec:
         source = getattr(spec, name)
         if source is not None and not source.path.is_absolute():
             spec = spec.model_copy(update={name: source.model_copy(update={"path": path.parent / source.path})})
+    if spec.trace is not None:
+        from servetune.workload.trace import read_trace  # it imports this module
+
+        read_trace(spec.trace.path)
     return spec
 
 

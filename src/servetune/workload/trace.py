@@ -4,15 +4,19 @@ Layouts, told apart by their column names (CSV with a header row, or JSON Lines)
 
 - servetune: `timestamp` (s), `input_tokens`, `output_tokens`, optional `prefix_group` (requests of one
   group start with the same `trace.block_tokens` tokens);
-- Azure LLM inference trace (CSV): `TIMESTAMP` (date and time), `ContextTokens`, `GeneratedTokens`;
+- Azure LLM inference trace (CSV): `TIMESTAMP` (ISO date and time; with a UTC offset such as `+05:00` it is
+  honoured, rows with different offsets included; without one it is taken as UTC), `ContextTokens`,
+  `GeneratedTokens`;
 - Mooncake (JSONL): `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one id per
   `trace.block_tokens`-token block of the prompt; requests with the same leading ids share those blocks).
 
-Other columns are ignored. Arrivals are taken relative to the first one and replayed in time order.
+Other columns are ignored. Arrivals are taken relative to the first one and replayed in time order; a timestamp
+must be a finite number >= 0 (a `nan`, `inf` or negative one is refused naming its file:line).
 """
 
 import csv
 import json
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -39,20 +43,31 @@ class TraceRow:
     blocks: tuple[str, ...] = ()
 
 
+def _timestamp(value) -> float:
+    """A numeric timestamp as a float; WorkloadError unless it is finite and >= 0."""
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise WorkloadError(f"timestamp {value!r} is not a finite number >= 0")
+    return number
+
+
 def _servetune(row: dict) -> TraceRow:
     group = row.get("prefix_group")
     blocks = () if group in (None, "") else (str(group),)
-    return TraceRow(float(row["timestamp"]), int(row["input_tokens"]), int(row["output_tokens"]), blocks)
+    return TraceRow(_timestamp(row["timestamp"]), int(row["input_tokens"]), int(row["output_tokens"]), blocks)
 
 
 def _azure(row: dict) -> TraceRow:
-    arrival = datetime.fromisoformat(row["TIMESTAMP"].strip()).replace(tzinfo=UTC).timestamp()
+    """A `TIMESTAMP` with a UTC offset keeps it; one without is UTC."""
+    moment = datetime.fromisoformat(row["TIMESTAMP"].strip())
+    arrival = (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
     return TraceRow(arrival, int(row["ContextTokens"]), int(row["GeneratedTokens"]))
 
 
 def _mooncake(row: dict) -> TraceRow:
     blocks = tuple(str(h) for h in row.get("hash_ids") or ())
-    return TraceRow(float(row["timestamp"]) / 1000, int(row["input_length"]), int(row["output_length"]), blocks)
+    return TraceRow(_timestamp(row["timestamp"]) / 1000, int(row["input_length"]), int(row["output_length"]),
+                    blocks)
 
 
 def _layout(row: dict):
