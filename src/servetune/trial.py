@@ -222,7 +222,7 @@ def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelO
         for attempt in range(2):  # a level the client could not send on time is sent once more
             if on_level:
                 on_level(name, rate, n + warmup)
-            _reset_prefix_cache(engine.base_url)
+            reset_prefix_cache(engine.base_url)
             test = (LevelTest(plan.slo, first=min(plan.levels.min_requests, n), cap=n, first_index=warmup,
                               confidence=plan.levels.confidence)
                     if plan.slo and math.isfinite(rate) else None)
@@ -308,7 +308,7 @@ def _search_result(levels: list[LevelOutcome], search: RateSearch | None) -> dic
     }
 
 
-def _reset_prefix_cache(base_url: str) -> None:
+def reset_prefix_cache(base_url: str) -> None:
     """Empty the prefix cache (needs VLLM_SERVER_DEV_MODE=1, which the launcher sets) so no level is
     helped by the prompts of another; the levels also send fresh prompts."""
     try:

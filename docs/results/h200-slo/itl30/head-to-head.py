@@ -24,7 +24,7 @@ from servetune.engine import Engine
 from servetune.loadgen import Target
 from servetune.outcome import LevelOutcome
 from servetune.search.objective import level_verdict
-from servetune.trial import _reset_prefix_cache
+from servetune.trial import reset_prefix_cache
 from servetune.workload import build_requests, load_tokenizer, load_workload
 
 SLO = {"itl_p99_ms": 30.0, "ttft_p99_ms": 2000.0}
@@ -46,7 +46,7 @@ def main(model: str, results: Path, rate: float = 9.306185903248894, count: int 
         target = Target(engine.base_url, model, workload.endpoint)
         for seed, requests in enumerate(sets):
             warmup = WARMUP if seed == 0 else 0
-            _reset_prefix_cache(engine.base_url)
+            reset_prefix_cache(engine.base_url)
             result = measure_level(target, requests[: count + warmup], request_rate=rate,
                                    burstiness=workload.burstiness, warmup_requests=warmup, seed=seed)
             records = f"run-{seed}.records.jsonl"
