@@ -1,4 +1,4 @@
-"""The `servetune` command line: bench, tune, report, memory, model, demo."""
+"""The `servetune` command line: bench, tune, report, memory, model, demo, verify."""
 
 import json
 import os
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the commands import what they use when they run: `servetune
     from servetune.metrics import LevelMetrics
     from servetune.outcome import TrialOutcome
     from servetune.tune import TuneOptions
+    from servetune.verify import VerifyPlan, VerifyResult
     from servetune.workload import WorkloadSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -707,6 +708,109 @@ def memory(
     verdict = "fits" if report["fits"] else f"does not fit: {report['reason']}"
     console.print(f"{report['kv_cache_tokens']:,} KV-cache tokens, max concurrency "
                   f"{report['max_concurrency']:.2f}x; {verdict}", highlight=False)
+
+
+@app.command()
+def verify(
+    out: Annotated[Optional[Path], typer.Option(
+        help="A tune's output directory: its model, best config, SLOs, workload and recommended rate, unless "
+             "given below.")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        help="A `vllm serve --config` YAML, e.g. a tune's best.yaml.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model path (or name) to serve.")] = None,
+    workload: Annotated[Optional[Path], typer.Option(help="Workload YAML file: the prompts' lengths, burstiness, "
+                                                          "max_concurrency, endpoint.")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="Request rate (req/s).")] = None,
+    slo: SloOption = [],
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests each client sends.")] = 200,
+    json_out: Annotated[Optional[Path], typer.Option(
+        "--json", help="Write both clients' numbers here; beside it the prompts, records, logs (default with "
+                       "--out: OUT/verify.json).")] = None,
+) -> None:
+    """Measure a config at a rate with servetune's client and with vLLM's `vllm bench serve` on the same prompts,
+    and print both side by side with the SLO verdicts."""
+    from servetune.engine import EngineFailed
+    from servetune.verify import verify as run_verify
+
+    with one_line_errors():
+        plan, json_out = verify_plan(out=out, config=config, model=model, workload=workload, rate=rate, slo=slo,
+                                     num_prompts=num_prompts, json_out=json_out)
+        try:
+            result = run_verify(plan, json_out, on_stage=lambda stage: console.print(f"{stage} ...", highlight=False))
+        except EngineFailed as e:
+            fail(f"vLLM did not start ({e.failure.kind}): {e.failure.reason} (log: {e.failure.log_path})", code=1)
+        except KeyboardInterrupt:
+            fail("interrupted; no server is left running", code=130)
+    console.print(_verify_table(result))
+    console.print(f"results: {json_out}", highlight=False)
+    if result.vllm is None:
+        fail(result.vllm_failure, code=1)
+
+
+def verify_plan(*, out: Path | None, config: Path | None, model: str | None, workload: Path | None,
+                rate: float | None, slo: Sequence[str], num_prompts: int,
+                json_out: Path | None) -> tuple["VerifyPlan", Path]:
+    """`verify`'s plan and JSON path from the command line, with what is not given taken from the tune in `out`;
+    each value checked and named in the one line a bad or missing one gives (UsageError)."""
+    from servetune.search.objective import parse_slo
+    from servetune.verify import VerifyPlan, read_tune
+    from servetune.workload import WorkloadSpec, load_workload
+
+    with about("--out"):
+        tuned = read_tune(out) if out is not None else None
+    needed = {"--config": config, "--model": model, "--workload": workload, "--rate": rate, "--json": json_out}
+    if tuned is None and (missing := [name for name, value in needed.items() if value is None]):
+        raise UsageError(f"{', '.join(missing)}: needed without --out TUNE_DIR")
+    if rate is None and tuned.rate is None:
+        raise UsageError(f"--rate: needed: the tune in {out} recommends no rate")
+    with about("--slo"):
+        slos = parse_slo(pairs(slo, "--slo")) if slo else tuned.slo if tuned else {}
+    with about("--config"):
+        engine_args = read_config_yaml(config) if config is not None else tuned.config
+    model = local_model(model) if model is not None else tuned.model
+    spec = load_workload(workload) if workload is not None else tuned.workload
+    rate = rate if rate is not None else tuned.rate
+    with about("--rate"):
+        spec = WorkloadSpec.model_validate(spec.model_dump() | {"request_rate": rate, "num_requests": num_prompts})
+    with about("--workload" if workload is not None else "--out"):
+        plan = VerifyPlan(model=model, config=engine_args, workload=spec, slo=slos)
+    return plan, json_out or out / "verify.json"
+
+
+_VERIFY_ROWS = [("completed / failed", "{0.completed} / {0.failed}"),
+                ("prompt / output tokens", "{0.total_input_tokens:,} / {0.total_output_tokens:,}"),
+                ("request throughput (req/s)", "{0.request_throughput:.2f}"),
+                ("output throughput (tok/s)", "{0.output_throughput:.1f}"),
+                *((f"{label} mean / p99 (ms)", f"{{0.mean_{name}_ms:.2f}} / {{0.p99_{name}_ms:.2f}}")
+                  for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL")))]
+
+
+def _verify_table(result: "VerifyResult") -> Table:
+    """Both clients side by side (metric | servetune | vllm bench serve | SLO | verdict), then a row per SLO."""
+    table = Table(title=f"servetune verify: {result.workload.num_requests} requests at "
+                        f"{result.workload.request_rate:g} req/s, each client",
+                  caption="verdict: the point p99 of N completed requests (ITL: of their inter-token gaps) against "
+                          "the SLO; servetune's p99 also with its 95% bootstrap interval, whose verdict is pass or "
+                          "fail only when the whole interval lies on one side of the SLO")
+    for column in ("metric", "servetune", "vllm bench serve", "SLO", "verdict"):
+        table.add_column(column, justify="right" if column in ("servetune", "vllm bench serve") else "left")
+    ours, theirs = result.servetune, result.vllm
+    for label, fmt in _VERIFY_ROWS:
+        table.add_row(label, fmt.format(ours.metrics), fmt.format(theirs.metrics) if theirs else "-")
+    their_checks = {check.name: check for check in theirs.slo} if theirs else {}
+    for check in ours.slo:
+        other = their_checks.get(check.name)
+        interval = f" [{check.ci_low_ms:.2f}, {check.ci_high_ms:.2f}]" if check.statistical else ""
+        verdict = (f"servetune: {_verdict(check.passed)}, N={check.requests}"
+                   + (f" (95%: {check.statistical})" if check.statistical else "")
+                   + (f"; vllm: {_verdict(other.passed)}, N={other.requests}" if other else ""))
+        table.add_row(f"{check.name}", f"{check.p99_ms:.2f}{interval}", f"{other.p99_ms:.2f}" if other else "-",
+                      f"<= {check.bound_ms:g}", verdict)
+    return table
+
+
+def _verdict(passed: bool) -> str:
+    return "[green]pass[/]" if passed else "[bold red]fail[/]"
 
 
 def main() -> None:
