@@ -272,9 +272,11 @@ def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float) -
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
             return f"vLLM's client did not finish in {timeout_s:.0f} s (log: {log})"
+        finally:  # also on Ctrl-C or SIGTERM: the client does not outlive servetune
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     if code != 0 or not result.exists():
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         return f"vLLM's client exited with {code}: {lines[-1] if lines else 'no output'} (log: {log})"
