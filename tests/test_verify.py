@@ -95,10 +95,10 @@ def test_both_clients_measure_the_same_requests_on_one_server(options):
             assert check.bound_ms == slo[check.name] and check.requests == 40
             assert check.p99_ms == getattr(client.metrics, f"p99_{check.name.split('_')[0]}_ms")
             assert check.passed == (check.p99_ms <= check.bound_ms)
-    for check in ours.slo:  # servetune's p99 also has its bootstrap interval, and a verdict that follows from it
-        expected = ("pass" if check.ci_high_ms <= check.bound_ms else "fail" if check.ci_low_ms > check.bound_ms
-                    else "marginal")
-        assert check.statistical == expected
+    ttft, itl, e2el = (check.test for check in ours.slo)  # servetune's client: the tuner's statistical tests
+    assert (ttft.requests, itl.requests) == (40, 40) and 0 < itl.counted <= ours.metrics.total_output_tokens - 40
+    assert ttft.decision != "pass"  # 40 requests cannot pass a request-level p99 at 95%
+    assert e2el.decision == "fail" and e2el.over == e2el.counted  # no reply within 1 ms
     assert not ours.slo[2].passed and not theirs.slo[2].passed
     folder = out.parent
     assert len((folder / result.dataset).read_text().splitlines()) == 40

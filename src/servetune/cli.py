@@ -722,7 +722,9 @@ def verify(
                                                           "max_concurrency, endpoint.")] = None,
     rate: Annotated[Optional[float], typer.Option(help="Request rate (req/s).")] = None,
     slo: SloOption = [],
-    num_prompts: Annotated[int, typer.Option(min=1, help="Requests each client sends.")] = 200,
+    num_prompts: Annotated[int, typer.Option(
+        min=1, help="Requests each client sends; with fewer than 300, servetune's statistical test of a p99 SLO "
+                    "cannot pass at 95%.")] = 300,
     json_out: Annotated[Optional[Path], typer.Option(
         "--json", help="Write both clients' numbers here; beside it the prompts, records, logs (default with "
                        "--out: OUT/verify.json).")] = None,
@@ -730,17 +732,19 @@ def verify(
     """Measure a config at a rate with servetune's client and with vLLM's `vllm bench serve` on the same prompts,
     and print both side by side with the SLO verdicts."""
     from servetune.engine import EngineFailed
+    from servetune.interrupt import exit_code, handle_signals
     from servetune.verify import verify as run_verify
 
-    with one_line_errors():
-        plan, json_out = verify_plan(out=out, config=config, model=model, workload=workload, rate=rate, slo=slo,
-                                     num_prompts=num_prompts, json_out=json_out)
-        try:
+    handle_signals()
+    try:
+        with one_line_errors():
+            plan, json_out = verify_plan(out=out, config=config, model=model, workload=workload, rate=rate, slo=slo,
+                                         num_prompts=num_prompts, json_out=json_out)
             result = run_verify(plan, json_out, on_stage=lambda stage: console.print(f"{stage} ...", highlight=False))
-        except EngineFailed as e:
-            fail(f"vLLM did not start ({e.failure.kind}): {e.failure.reason} (log: {e.failure.log_path})", code=1)
-        except KeyboardInterrupt:
-            fail("interrupted; no server is left running", code=130)
+    except EngineFailed as e:
+        fail(f"vLLM did not start ({e.failure.kind}): {e.failure.reason} (log: {e.failure.log_path})", code=1)
+    except KeyboardInterrupt as e:
+        fail(f"interrupted ({e or 'SIGINT'}); no server is left running", code=exit_code(e))
     console.print(_verify_table(result))
     console.print(f"results: {json_out}", highlight=False)
     if result.vllm is None:
@@ -774,7 +778,12 @@ def verify_plan(*, out: Path | None, config: Path | None, model: str | None, wor
         spec = WorkloadSpec.model_validate(spec.model_dump() | {"request_rate": rate, "num_requests": num_prompts})
     with about("--workload" if workload is not None else "--out"):
         plan = VerifyPlan(model=model, config=engine_args, workload=spec, slo=slos)
-    return plan, json_out or out / "verify.json"
+    json_out = json_out or out / "verify.json"
+    try:
+        check_writable(json_out)
+    except OSError as e:
+        raise UsageError(f"--json: cannot write {json_out}: {e.strerror or e}") from None
+    return plan, json_out
 
 
 _VERIFY_ROWS = [("completed / failed", "{0.completed} / {0.failed}"),
@@ -789,9 +798,9 @@ def _verify_table(result: "VerifyResult") -> Table:
     """Both clients side by side (metric | servetune | vllm bench serve | SLO | verdict), then a row per SLO."""
     table = Table(title=f"servetune verify: {result.workload.num_requests} requests at "
                         f"{result.workload.request_rate:g} req/s, each client",
-                  caption="verdict: the point p99 of N completed requests (ITL: of their inter-token gaps) against "
-                          "the SLO; servetune's p99 also with its 95% bootstrap interval, whose verdict is pass or "
-                          "fail only when the whole interval lies on one side of the SLO")
+                  caption="verdict: each client's point p99 of its N completed requests (ITL: of their gaps) "
+                          "against the SLO; for servetune's client also the tuner's statistical test of the "
+                          "fraction over the bound (pass, fail or undecided; under ~300 requests it cannot pass)")
     for column in ("metric", "servetune", "vllm bench serve", "SLO", "verdict"):
         table.add_column(column, justify="right" if column in ("servetune", "vllm bench serve") else "left")
     ours, theirs = result.servetune, result.vllm
@@ -800,11 +809,11 @@ def _verify_table(result: "VerifyResult") -> Table:
     their_checks = {check.name: check for check in theirs.slo} if theirs else {}
     for check in ours.slo:
         other = their_checks.get(check.name)
-        interval = f" [{check.ci_low_ms:.2f}, {check.ci_high_ms:.2f}]" if check.statistical else ""
-        verdict = (f"servetune: {_verdict(check.passed)}, N={check.requests}"
-                   + (f" (95%: {check.statistical})" if check.statistical else "")
-                   + (f"; vllm: {_verdict(other.passed)}, N={other.requests}" if other else ""))
-        table.add_row(f"{check.name}", f"{check.p99_ms:.2f}{interval}", f"{other.p99_ms:.2f}" if other else "-",
+        test = (f" (test: {check.test.decision}, {check.test.over} of {check.test.counted} "
+                f"{'gaps' if check.name == 'itl_p99_ms' else 'requests'} over)" if check.test else "")
+        verdict = (f"servetune {_verdict(check.passed)}, N={check.requests}{test}"
+                   + (f"; vllm {_verdict(other.passed)}, N={other.requests}" if other else ""))
+        table.add_row(f"{check.name}", f"{check.p99_ms:.2f}", f"{other.p99_ms:.2f}" if other else "-",
                       f"<= {check.bound_ms:g}", verdict)
     return table
 

