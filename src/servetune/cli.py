@@ -723,8 +723,8 @@ def verify(
     rate: Annotated[Optional[float], typer.Option(help="Request rate (req/s).")] = None,
     slo: SloOption = [],
     num_prompts: Annotated[int, typer.Option(
-        min=1, help="Requests each client sends; with fewer than 300, servetune's statistical test of a p99 SLO "
-                    "cannot pass at 95%.")] = 300,
+        min=1, help="Requests each client sends; with fewer than 300, servetune's statistical test of a TTFT, "
+                    "TPOT or E2EL p99 cannot pass at 95%.")] = 300,
     json_out: Annotated[Optional[Path], typer.Option(
         "--json", help="Write both clients' numbers here; beside it the prompts, records, logs (default with "
                        "--out: OUT/verify.json).")] = None,
@@ -800,7 +800,8 @@ def _verify_table(result: "VerifyResult") -> Table:
                         f"{result.workload.request_rate:g} req/s, each client",
                   caption="verdict: each client's point p99 of its N completed requests (ITL: of their gaps) "
                           "against the SLO; for servetune's client also the tuner's statistical test of the "
-                          "fraction over the bound (pass, fail or undecided; under ~300 requests it cannot pass)")
+                          "fraction over the bound (pass, fail or undecided; on fewer than 300 requests a TTFT, "
+                          "TPOT or E2EL p99 cannot pass)")
     for column in ("metric", "servetune", "vllm bench serve", "SLO", "verdict"):
         table.add_column(column, justify="right" if column in ("servetune", "vllm bench serve") else "left")
     ours, theirs = result.servetune, result.vllm

@@ -129,7 +129,8 @@ class SloCheck(BaseModel):
     """One SLO against one client's point p99, taken over its `requests` completed requests (ITL: over their
     inter-token gaps): `passed` when some request completed and the p99 is within `bound_ms`. For servetune's
     client also `test`: the tuner's statistical test of a level (`servetune.verdict`) over its requests, pass
-    or fail at 95% confidence, or undecided (fewer than 300 requests cannot pass)."""
+    or fail at 95% confidence, or undecided (a TTFT, TPOT or E2EL p99 cannot pass on fewer than 300 requests;
+    an ITL p99 counts gaps)."""
 
     name: str
     bound_ms: float
