@@ -4,7 +4,8 @@ A trial costs its launch plus its load levels; the head-to-head at the end costs
 plus one level at the pick's rate. Before measuring anything the plan guesses (GUESS_*); after each trial it
 uses the launches and trials measured so far. The search launches a trial only when the trial and the
 head-to-head both still fit; a trial is given a deadline that leaves the head-to-head its time and the trials
-still to come their share, and is stopped there with what it measured.
+still to come the least they need (a launch and a minute of levels each), and is stopped there with what it
+measured.
 """
 
 import math
@@ -13,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-GUESS_LAUNCH_S = {"cpu": 60.0, "gpu": 180.0}  # before the first launch is measured
+GUESS_LAUNCH_S = {"cpu": 60.0, "gpu": 120.0}  # before the first launch is measured
 GUESS_LEVELS_S = 180.0  # a trial's levels, before the first trial is measured
 STOP_S = 10.0  # stopping a server and writing outputs
 FIRST_LEVELS_S = 60.0  # the least time of levels worth launching the first trial for
@@ -88,12 +89,12 @@ class TimePlan:
 
     def trial_deadline(self, rate: float | None, trials_left: int) -> float | None:
         """The deadline of a search trial, one of `trials_left` still to run: the head-to-head at `rate` keeps
-        its time, and the trial gets an even share of the rest (at least a launch and a minute of levels)."""
+        its time, and each trial after this one the least it needs (a launch and a minute of levels)."""
         if self.deadline is None:
             return None
+        least = self.launch_s() + FIRST_LEVELS_S
         last = self.deadline - self.head_to_head_s(rate)
-        share = (last - time.time()) / max(1, trials_left)
-        return min(last, time.time() + max(share, self.launch_s() + FIRST_LEVELS_S))
+        return min(self.deadline, max(time.time() + least, last - (max(1, trials_left) - 1) * least))
 
     def can_launch(self, rate: float | None) -> bool:
         """Whether one more trial and then the head-to-head fit in what is left. Before any trial is measured
