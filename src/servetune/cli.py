@@ -532,6 +532,9 @@ def tune(
     confirm_requests: Annotated[int, typer.Option(min=20, help="Requests per confirmation run.")] = 300,
     confirm_seeds: Annotated[int, typer.Option(min=1, help="Arrival orders (runs) per confirmed rate.")] = 3,
     request_timeout: RequestTimeoutOption = None,
+    min_model_len: Annotated[Optional[int], typer.Option(
+        min=1, help="Configs launch with the model's own context; where servetune tightens max-model-len (no "
+                    "chunked prefill, a KV cache too small for the context), never below this many tokens.")] = None,
 ) -> None:
     """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
     from servetune.confirm import ConfirmOptions
@@ -545,7 +548,7 @@ def tune(
                                 max_levels=max_levels, request_timeout_s=request_timeout),
             confirm=ConfirmOptions(requests=confirm_requests, seeds=confirm_seeds) if confirm else None,
             budget=budget, storage=study, resume=resume, tokenizer=tokenizer, seed=seed, parallel=parallel,
-            ray_address=ray_address)
+            ray_address=ray_address, min_model_len=min_model_len)
     _tune_guarded(opts)
 
 
@@ -555,7 +558,7 @@ def tune_options(*, model: str, workload: Path, out: Path, slo: Sequence[str], o
     """`TuneOptions` from the command line's values, each checked and named in the one line a bad one gives
     (UsageError): the model directory, workload file, `key=value` SLOs and engine args, reference config
     files, strategy, objective and the levels' request timeout. The rest (levels, confirm, budget, storage,
-    resume, tokenizer, seed, parallel, ray_address) go to TuneOptions as given; what it leaves out takes
+    resume, tokenizer, seed, parallel, ray_address, min_model_len) go to TuneOptions as given; what it leaves out takes
     TuneOptions' default."""
     from servetune.search.objective import parse_slo
     from servetune.search.strategies import STRATEGIES
