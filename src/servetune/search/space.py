@@ -31,10 +31,10 @@ class SearchSpace:
     A searched config launches with the model's own context (no --max-model-len: vLLM derives it from the
     model, as it does for vLLM's defaults) unless tightening pays, that is unless vLLM would refuse the
     config at the context: without chunked prefill (`config`: max-num-batched-tokens must hold a whole
-    max-model-len), or with a KV cache that cannot hold one sequence of the context (`fit_kv_cache`). Every
-    other effect of max-model-len is noise: vLLM V1 sizes the KV cache in blocks, not per sequence, so the
-    KV tokens, the batch and the start-up do not depend on it. `model_len_reason` says why a config was
-    tightened."""
+    max-model-len), or with a KV cache that cannot hold one sequence of the context (`fit_kv_cache`).
+    Elsewhere tightening buys nothing: vLLM V1 allocates the KV cache in blocks out of its whole budget, so
+    the KV tokens do not depend on max-model-len, nor do the start-up plan's other terms (weights,
+    activations, CUDA graphs). `model_len_reason` says why a config was tightened."""
 
     knobs: tuple[Knob, ...]
     fixed: dict[str, Any] = field(default_factory=dict)
