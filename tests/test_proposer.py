@@ -5,6 +5,8 @@ import outcomes
 from optuna.trial import TrialState
 
 from servetune.executors import Job
+from servetune.memory import Device, GiB, ModelShape
+from servetune.search.feasibility import MemoryCheck
 from servetune.search.space import SearchSpace
 from servetune.search.strategies import make_strategy
 from servetune.trial import TrialPlan
@@ -17,14 +19,14 @@ WORKLOAD = WorkloadSpec.model_validate({"num_requests": 5, "input_len": {"type":
                                         "output_len": {"type": "fixed", "value": 8}})
 
 
-def proposer(tmp_path, slo=None, misfit=lambda job: None, strategy="grid", space=SPACE) -> Proposer:
+def proposer(tmp_path, slo=None, misfit=lambda job: None, strategy="grid", space=SPACE, memory=None) -> Proposer:
     opts = TuneOptions(model="m", workload=WORKLOAD, out=tmp_path, slo=slo or {"ttft_p99_ms": 500.0},
-                       strategy=strategy, engine_args={"max_model_len": 1008}, confirm=False)
+                       strategy=strategy, engine_args={"enforce_eager": False}, confirm=False)
     chosen = make_strategy(strategy, space, budget=6, seed=0, constrained=False, slo=tuple(opts.slo))
     study = optuna.create_study(direction="maximize", sampler=chosen.sampler())
     study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
     plan = TrialPlan("m", WORKLOAD, opts.slo, "goodput", [])
-    return Proposer(study, chosen, space, plan, opts, None, CPU, misfit, typical_prompt=4000)
+    return Proposer(study, chosen, space, plan, opts, memory, CPU, misfit, typical_prompt=4000)
 
 
 def finish(p: Proposer, launch: Launch, out=None) -> None:
@@ -39,14 +41,42 @@ def finish(p: Proposer, launch: Launch, out=None) -> None:
 def test_the_defaults_come_first_as_given_then_the_strategys_configs(tmp_path):
     p = proposer(tmp_path)
     first = p.next()
-    assert isinstance(first, Launch) and first.job.config == {"max_model_len": 1008}
+    assert isinstance(first, Launch) and first.job.config == {"enforce_eager": False}
     assert first.trial.user_attrs["why"] == "vLLM's defaults: the baseline"
     assert first.job.out_dir == tmp_path / "trials" / "0000"
     finish(p, first)
     second = p.next()
     assert isinstance(second, Launch) and second.trial.user_attrs["why"] == "the grid's next point"
-    assert set(second.job.config) == {"max_model_len"} | {k.name for k in SPACE.knobs}
+    tightened = {"max_model_len"} if second.job.config["enable_chunked_prefill"] is False else set()
+    assert set(second.job.config) == {"enforce_eager"} | tightened | {k.name for k in SPACE.knobs}
     assert second.trial.user_attrs["config_requested"] == second.job.config
+
+
+def test_a_config_gets_the_models_context_unless_tightening_pays_and_the_reason_is_recorded(tmp_path):
+    # the tiny Llama's shape with a 256k context: 2,048 bytes of KV cache a token, so 0.25 GiB holds 131,072
+    shape = ModelShape.from_config({"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 4,
+                                    "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 768,
+                                    "vocab_size": 4096, "max_position_embeddings": 262_144, "torch_dtype": "float32"})
+    space = SearchSpace(SPACE.knobs, {}, SPACE.max_model_len, context=262_144)
+    p = proposer(tmp_path, space=space, memory=MemoryCheck(shape, Device(64 * GiB, kind="cpu")))
+    finish(p, p.next())
+    configs = {"context": PINNED | {"enable_chunked_prefill": True, "max_num_batched_tokens": 256},
+               "small KV": PINNED | {"enable_chunked_prefill": True, "max_num_batched_tokens": 256,
+                                     "cpu_kvcache_space_gib": 0.25},
+               "no chunk": PINNED | {"enable_chunked_prefill": False, "max_num_batched_tokens": 2016}}
+    launched = {}
+    for name, params in configs.items():
+        p.study.enqueue_trial(params)
+        launched[name] = p.next()
+        finish(p, launched[name])
+    context = launched["context"]
+    assert "max_model_len" not in context.job.config and "model_len_reason" not in context.trial.user_attrs
+    small = launched["small KV"]
+    assert small.job.config["max_model_len"] == 1008
+    assert "its KV cache (cpu_kvcache_space_gib 0.25) cannot hold" in small.trial.user_attrs["model_len_reason"]
+    whole = launched["no chunk"]
+    assert whole.job.config["max_model_len"] == 1008
+    assert whole.trial.user_attrs["model_len_reason"].startswith("without chunked prefill")
 
 
 def test_a_config_measured_already_is_skipped_as_a_duplicate_and_costs_nothing(tmp_path):
@@ -86,6 +116,6 @@ def test_under_an_itl_slo_a_whole_prompt_prefill_the_study_measured_too_slow_is_
 
 
 def test_nothing_is_proposed_when_the_strategy_has_nothing_left(tmp_path):
-    p = proposer(tmp_path, strategy="seed", space=SearchSpace((), SPACE.fixed, SPACE.max_model_len))
+    p = proposer(tmp_path, strategy="seed", space=SearchSpace((), SPACE.fixed, SPACE.max_model_len, SPACE.context))
     finish(p, p.next())
     assert p.next() is None and len(p.study.trials) == 1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
@@ -64,18 +65,20 @@ def failed(config: dict, kind: str, reason: str) -> TrialOutcome:
 
 
 def make_study(path: Path, trials: list[tuple[str, dict, TrialOutcome | str]], objective: str = "goodput",
-               slo=SLO) -> str:
-    """A study in SQLite at `path`: each trial is (role, params, outcome or the reason it was skipped)."""
+               slo=SLO, more_attrs: dict[int, dict] | None = None, meta: dict | None = None) -> str:
+    """A study in SQLite at `path`: each trial is (role, params, outcome or the reason it was skipped);
+    `more_attrs`: more user attributes by trial number; `meta`: the meta's values to replace."""
     storage = f"sqlite:///{path}"
     study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize")
     study.set_user_attr("meta", {
         "model": "meta-llama/Llama-3.1-8B-Instruct", "objective": objective, "slo": slo, "strategy": "optuna",
-        "budget": len(trials), "space": {"knobs": KNOBS, "fixed": {"max_model_len": 4096}, "max_model_len": 4096},
+        "budget": len(trials), "space": {"knobs": KNOBS, "fixed": {}, "max_model_len": 2320, "context": 8192},
+        "model_len": {"need": 2320, "context": 8192, "floor": 0, "max_chars_per_token": 16},
         "workload": {"input_len": {"type": "uniform", "min": 512, "max": 2048}, "output_len": {"type": "fixed",
                      "value": 256}, "request_rate": math.inf}, "vllm_version": "0.11.0", "device": "cuda",
-        "out": str(path.parent)})
-    for role, params, result in trials:
-        attrs = {} if role == "search" else {"role": role}
+        "out": str(path.parent)} | (meta or {}))
+    for number, (role, params, result) in enumerate(trials):
+        attrs = ({} if role == "search" else {"role": role}) | (more_attrs or {}).get(number, {})
         dists = {k: CategoricalDistribution(KNOBS[k]) for k in params}
         if isinstance(result, str):
             state, value, attrs = TrialState.PRUNED, None, attrs | {"skipped": result}
@@ -111,6 +114,29 @@ def tuned_study(path: Path, objective: str = "goodput") -> str:
     ], objective)
 
 
+def test_a_pick_below_the_models_context_says_what_it_refuses_in_best_yaml_and_the_report(tmp_path):
+    params = {"max_num_batched_tokens": 4096, "max_num_seqs": 256, "enable_prefix_caching": True,
+              "gpu_memory_utilization": 0.9}
+    whole = params | {"enable_chunked_prefill": False, "max_model_len": 2320}
+    why = "without chunked prefill vLLM needs max-num-batched-tokens >= max-model-len"
+    storage = make_study(tmp_path / "study.db", [("default", {}, ran({}, 18, 16, 180)),
+                                                 ("search", params, ran(whole, 30, 17, 140))],
+                         more_attrs={1: {"model_len_reason": why}}, meta={"vllm_version": "0.32.0"})
+    page = write_report(storage, tmp_path / "report")
+    out = page.parent
+    comment = (f"max-model-len 2320 (the model's context is 8192; tightened because {why}): requests over 2320 "
+               "tokens (prompt + max_tokens), or prompts over 37120 characters, will be refused (vLLM 0.32.0 cuts "
+               "the reply short instead where the prompt alone fits)")
+    best_yaml = (out / "best.yaml").read_text()
+    assert best_yaml.splitlines()[0] == f"# {comment}"
+    assert yaml.safe_load(best_yaml)["max-model-len"] == 2320  # still a config vllm serve reads
+    assert f"# {comment}\nexec vllm serve" in (out / "best_command.sh").read_text()
+    html = html_text.unescape(page.read_text())
+    assert f"Headroom:</b> {comment}." in html and f"# {comment}" in html  # near the command, and in best.yaml
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["headroom"] == {"max_model_len": 2320, "context": 8192, "reason": why, "comment": comment}
+
+
 def test_report_shows_every_trial_and_why_the_best_wins(tmp_path):
     page = write_report(tuned_study(tmp_path / "study.db"), tmp_path / "report")
     html = page.read_text()
@@ -129,6 +155,8 @@ def test_report_shows_every_trial_and_why_the_best_wins(tmp_path):
     assert "http://" not in html and "https://" not in html  # works offline
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best"]["trial"] == 4 and summary["best_beats_default"]
+    assert summary["headroom"] is None and 'id="headroom"' not in html  # the model's own context: nothing refused
+    assert (out / "best.yaml").read_text().startswith("model: ")
     assert shlex.split(shown.replace("\\\n", "")) == shlex.split(summary["best_command"])  # one flag a line
     trials = json.loads((out / "trials.json").read_text())["trials"]
     assert [t["trial"] for t in trials] == list(range(10))

@@ -11,7 +11,7 @@ from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
 from servetune.results import choose_best, vllm_config_yaml
 from servetune.search.objective import RateSearch, level_verdict, parse_slo
-from servetune.search.space import SearchSpace, batched_tokens_ladder, build_space
+from servetune.search.space import NO_CHUNK_REASON, SearchSpace, batched_tokens_ladder, build_space
 from servetune.search.strategies import SeedStrategy, make_strategy, suggest
 
 FLAGS = {name: {"kind": "value", "default": None, "choices": None} for name in (
@@ -23,9 +23,9 @@ GPU = InstalledVllm("0.24.0", "cuda", FLAGS)
 
 
 def test_space_follows_the_procedure():
-    space = build_space(CPU, 1000)
-    assert space.max_model_len == 1008  # rounded up to the block size
-    assert space.fixed == {"max_model_len": 1008}
+    space = build_space(CPU, 1000, context=4096)
+    assert space.max_model_len == 1008 and space.context == 4096  # rounded up to the block size
+    assert space.fixed == {}  # max-model-len is per config: the context unless tightening pays
     mnbt = space.knob("max_num_batched_tokens").choices
     assert mnbt == (128, 256, 512, 1008, 2016, 3024, 4032)
     assert space.knob("cpu_kvcache_space_gib") is not None and space.knob("gpu_memory_utilization") is None
@@ -41,8 +41,47 @@ def test_space_drops_flags_vllm_lacks_and_user_fixed_ones():
         build_space(GPU, 512, optional=["warp_speed"])
 
 
+def test_a_config_keeps_the_models_context_unless_vllm_would_refuse_it():
+    space = build_space(CPU, 1000, context=4096)
+    chunked = space.config({"enable_chunked_prefill": True, "max_num_batched_tokens": 512})
+    assert "max_model_len" not in chunked and space.model_len_reason(chunked) is None  # vLLM's own context
+    assert space.violation(space.config({"enable_chunked_prefill": True, "max_num_batched_tokens": 4032})) is None
+    # without chunked prefill vLLM needs max_num_batched_tokens >= max_model_len: the workload's need, 1x..4x
+    whole = space.config({"enable_chunked_prefill": False, "max_num_batched_tokens": 1008})
+    assert whole["max_model_len"] == 1008 and space.violation(whole) is None
+    assert space.model_len_reason(whole) == NO_CHUNK_REASON
+    assert "needs chunked prefill" in space.violation({"enable_chunked_prefill": False, "max_num_batched_tokens": 1008,
+                                                       "max_model_len": 4096})
+    # a KV cache that cannot hold one sequence of the context (vLLM would not start): tightened, with the reason
+    small = space.config({"enable_chunked_prefill": True, "cpu_kvcache_space_gib": 0.25})
+    space.fit_kv_cache(small, longest_fitting=4095)
+    assert small["max_model_len"] == 1008
+    assert space.model_len_reason(small) == ("its KV cache (cpu_kvcache_space_gib 0.25) cannot hold one sequence "
+                                             "of the model's context: vLLM would not start")
+    roomy = space.config({"enable_chunked_prefill": True, "cpu_kvcache_space_gib": 1})
+    space.fit_kv_cache(roomy, longest_fitting=4096)
+    assert "max_model_len" not in roomy
+    space.fit_kv_cache(whole, longest_fitting=512)  # tightened already: left as it is
+    assert whole["max_model_len"] == 1008
+
+
+def test_a_floor_raises_what_is_tightened_and_a_fixed_max_model_len_is_every_configs():
+    from servetune.workload.fit import ModelLenBounds
+
+    floor = ModelLenBounds(need=1008, context=4096, floor=2000)
+    space = build_space(CPU, floor.tightened, context=4096)
+    assert space.max_model_len == 2000 and space.knob("max_num_batched_tokens").choices[-4:] == (2000, 4000, 6000, 8000)
+    assert space.config({"enable_chunked_prefill": False, "max_num_batched_tokens": 2000})["max_model_len"] == 2000
+    assert "max_model_len" not in space.config({"enable_chunked_prefill": True, "max_num_batched_tokens": 2000})
+    assert build_space(CPU, ModelLenBounds(need=1008, context=4096, floor=9000).tightened, context=4096).max_model_len == 4096
+    fixed = build_space(CPU, 1008, context=4096, fixed={"max_model_len": 2048})
+    config = fixed.config({"enable_chunked_prefill": True})
+    assert config["max_model_len"] == 2048 and fixed.model_len_reason(config) == "set with --engine-arg max-model-len"
+    assert fixed.knob("max_num_batched_tokens").choices[-1] == 4 * 2048
+
+
 def test_constraint_chunked_prefill_off_needs_a_whole_request_per_batch():
-    space = build_space(CPU, 1000)
+    space = build_space(CPU, 1000, context=4096)
     assert "needs chunked prefill" in space.violation(
         {"max_model_len": 1008, "max_num_batched_tokens": 512, "enable_chunked_prefill": False})
     assert space.violation({"max_model_len": 1008, "max_num_batched_tokens": 512, "enable_chunked_prefill": True}) is None
@@ -162,7 +201,7 @@ def _tell(study, value=None, preemptions=0, failed=False):
     return params
 
 
-SPACE = build_space(CPU, 1000)
+SPACE = build_space(CPU, 1000, context=4096)
 
 
 def test_seed_strategy_walks_the_chunk_ladder_and_stops_at_preemptions():
@@ -172,13 +211,14 @@ def test_seed_strategy_walks_the_chunk_ladder_and_stops_at_preemptions():
     _tell(study, 5.0)
     assert strategy.plan_next(study)
     first = _tell(study, 6.0)
-    assert first == {"max_model_len": 1008, "enable_chunked_prefill": True, "max_num_batched_tokens": 128}
+    assert first == {"enable_chunked_prefill": True, "max_num_batched_tokens": 128}  # the model's context
     strategy.plan_next(study)
     second = _tell(study, 7.0, preemptions=3)  # the ladder stops here
     assert second["max_num_batched_tokens"] == 256
     strategy.plan_next(study)
     third = _tell(study, 4.0)  # next ladder (whole prompts), on top of the best so far (256)
     assert third["enable_chunked_prefill"] is False and third["max_num_batched_tokens"] == 1008
+    assert third["max_model_len"] == 1008  # tightened: vLLM needs a whole max-model-len per batch
 
 
 def test_seed_strategy_tries_enforce_eager_only_after_an_oom():
@@ -200,7 +240,8 @@ def test_sampler_strategies_sample_every_knob(name):
     for value in range(4):
         assert strategy.plan_next(study)
         config = _tell(study, float(value))
-        assert set(config) == {"max_model_len"} | {k.name for k in SPACE.knobs}
+        tightened = {"max_model_len"} if config["enable_chunked_prefill"] is False else set()
+        assert set(config) == tightened | {k.name for k in SPACE.knobs}
     with pytest.raises(ValueError, match="unknown strategy"):
         make_strategy("annealing", SPACE, 6, 0, False)
 

@@ -6,6 +6,7 @@ from concurrent.futures import Future
 import pytest
 
 from servetune.engine import probe
+from servetune.errors import ServetuneError
 from servetune.executors import Job
 from servetune.outcome import Failure, TrialOutcome
 from servetune.study import StudyError
@@ -62,6 +63,15 @@ def test_a_model_without_a_tokenizer_fails_before_the_probe(tmp_path):
         tune(options(tmp_path / "empty", tmp_path), executor=NeverProbed())
 
 
+def test_a_workload_longer_than_the_models_context_fails_before_the_probe(tiny_model, tmp_path):
+    workload = {"num_requests": 5, "input_len": {"type": "fixed", "value": 4000},
+                "output_len": {"type": "fixed", "value": 200}}
+    with pytest.raises(ServetuneError, match="needs max-model-len 4200, the model's context is 4096 tokens"):
+        tune(options(tiny_model, tmp_path, workload=workload), executor=NeverProbed())
+    with pytest.raises(ServetuneError, match="--min-model-len must be a positive"):
+        options(tiny_model, tmp_path, min_model_len=0)
+
+
 class InProcess:
     """Like `Inline`: the trial runs inside `submit` (here it only notes that it ran)."""
 
@@ -103,3 +113,14 @@ def test_each_trial_is_announced_before_it_runs(tiny_model, tmp_path):
     numbers = sorted({n for _, n in events})
     assert len(numbers) == 2
     assert events == [(what, n) for n in numbers for what in ("started", "ran", "finished")]
+
+
+def test_the_study_keeps_the_models_context_and_tightens_no_lower_than_the_floor(tiny_model, tmp_path):
+    import optuna
+
+    tune(options(tiny_model, tmp_path, budget=1, min_model_len=2000), executor=InProcess([]))
+    meta = optuna.load_study(study_name="servetune", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}").user_attrs["meta"]
+    assert meta["model_len"]["context"] == 4096 and meta["model_len"]["floor"] == 2000
+    assert meta["model_len"]["need"] == 64  # 32 prompt tokens + 8, plus 16 of headroom, rounded up to 16
+    assert meta["space"]["max_model_len"] == 2000 and meta["space"]["context"] == 4096
+    assert "max_model_len" not in meta["space"]["fixed"]

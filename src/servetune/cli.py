@@ -560,6 +560,9 @@ def tune(
         help="After the search, launch vLLM's defaults again at the pick's goodput rate (the head-to-head) "
              "before recommending it over them (--no-confirm: recommend the search's result as it is).")] = True,
     request_timeout: RequestTimeoutOption = None,
+    min_model_len: Annotated[Optional[int], typer.Option(
+        min=1, help="Configs launch with the model's own context; where servetune tightens max-model-len (no "
+                    "chunked prefill, a KV cache too small for the context), never below this many tokens.")] = None,
 ) -> None:
     """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
     from servetune.trial import LevelOptions
@@ -571,7 +574,7 @@ def tune(
             levels=LevelOptions(requests=level_requests, min_requests=min_level_requests, max_levels=max_levels,
                                 confidence=confidence, request_timeout_s=request_timeout),
             confirm=confirm, budget=budget, storage=study, resume=resume, tokenizer=tokenizer, seed=seed,
-            parallel=parallel, ray_address=ray_address)
+            parallel=parallel, ray_address=ray_address, min_model_len=min_model_len)
     _tune_guarded(opts)
 
 
@@ -580,9 +583,9 @@ def tune_options(*, model: str, workload: Path, out: Path, slo: Sequence[str], o
                  time_limit: str | None = None, **as_given: Any) -> "TuneOptions":
     """`TuneOptions` from the command line's values, each checked and named in the one line a bad one gives
     (UsageError): the model directory, workload file, `key=value` SLOs and engine args, reference config
-    files, strategy, objective, the time limit and the levels' request timeout. The rest (levels, confirm, budget, storage,
-    resume, tokenizer, seed, parallel, ray_address) go to TuneOptions as given; what it leaves out takes
-    TuneOptions' default."""
+    files, strategy, objective, the time limit and the levels' request timeout. The rest (levels, confirm,
+    budget, storage, resume, tokenizer, seed, parallel, ray_address, min_model_len) go to TuneOptions as given;
+    what it leaves out takes    TuneOptions' default."""
     from servetune.search.objective import parse_slo
     from servetune.search.strategies import STRATEGIES
     from servetune.timelimit import parse_duration
@@ -723,8 +726,8 @@ def verify(
     rate: Annotated[Optional[float], typer.Option(help="Request rate (req/s).")] = None,
     slo: SloOption = [],
     num_prompts: Annotated[int, typer.Option(
-        min=1, help="Requests each client sends; with fewer than 300, servetune's statistical test of a TTFT, "
-                    "TPOT or E2EL p99 cannot pass at 95%.")] = 300,
+        min=1, help="Requests each client sends; servetune's statistical test of a TTFT, TPOT or E2EL p99 "
+                    "needs 299 after the level fills up to pass at 95%.")] = 400,
     json_out: Annotated[Optional[Path], typer.Option(
         "--json", help="Write both clients' numbers here; beside it the prompts, records, logs (default with "
                        "--out: OUT/verify.json).")] = None,
@@ -800,8 +803,8 @@ def _verify_table(result: "VerifyResult") -> Table:
                         f"{result.workload.request_rate:g} req/s, each client",
                   caption="verdict: each client's point p99 of its N completed requests (ITL: of their gaps) "
                           "against the SLO; for servetune's client also the tuner's statistical test of the "
-                          "fraction over the bound (pass, fail or undecided; on fewer than 300 requests a TTFT, "
-                          "TPOT or E2EL p99 cannot pass)")
+                          "fraction over the bound (pass, fail or undecided; a TTFT, TPOT or E2EL p99 cannot pass on "
+                          "fewer than 299 requests after the level fills up)")
     for column in ("metric", "servetune", "vllm bench serve", "SLO", "verdict"):
         table.add_column(column, justify="right" if column in ("servetune", "vllm bench serve") else "left")
     ours, theirs = result.servetune, result.vllm

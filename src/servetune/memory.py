@@ -285,13 +285,19 @@ def choose_gpu_memory_utilization(shape: ModelShape, device: Device, engine_args
     """A gpu_memory_utilization (a multiple of `step`) that starts: the smallest whose KV cache holds
     `min_kv_cache_tokens`, or with None the largest that leaves `headroom_bytes` of the device unclaimed.
     None when no utilization up to that cap fits."""
-    cap = math.floor((device.memory_bytes - headroom_bytes) / device.memory_bytes / step + 1e-9)
+    cap = round(max_gpu_memory_utilization(device, headroom_bytes, step) / step)
     for n in (range(1, cap + 1) if min_kv_cache_tokens is not None else (cap,)):
         util = round(n * step, 6)
         est = predict(shape, device, {**engine_args, "gpu_memory_utilization": util}, calibration)
         if est.fits and est.kv_cache_tokens >= (min_kv_cache_tokens or 0):
             return util
     return None
+
+
+def max_gpu_memory_utilization(device: Device, headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+                               step: float = 0.01) -> float:
+    """The largest gpu_memory_utilization (a multiple of `step`) that leaves `headroom_bytes` unclaimed."""
+    return round(math.floor((device.memory_bytes - headroom_bytes) / device.memory_bytes / step + 1e-9) * step, 6)
 
 
 def memory_report(model: str, device_memory_gib: float, *, device_kind: Literal["gpu", "cpu"] = "gpu",

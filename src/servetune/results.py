@@ -16,6 +16,7 @@ from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
 from servetune.study import measured, outcome
+from servetune.workload.fit import refused_beyond
 
 
 def trial_row(t: FrozenTrial) -> dict:
@@ -82,13 +83,30 @@ def choose_best(rows: list[dict], objective: str) -> tuple[dict | None, dict | N
     return default, best if significant else default, significant
 
 
-def vllm_config_yaml(model: str, config: dict) -> str:
-    """A file `vllm serve --config` accepts: kebab-case flag names, as launched."""
+def vllm_config_yaml(model: str, config: dict, comment: str | None = None) -> str:
+    """A file `vllm serve --config` accepts: kebab-case flag names, as launched; `comment` on top."""
     flags: dict[str, Any] = {"model": model}
     for key, value in config.items():
         if key != CPU_KVCACHE_SPACE and value is not None:
             flags[key.replace("_", "-")] = value
-    return yaml.safe_dump(flags, sort_keys=False)
+    return (f"# {comment}\n" if comment else "") + yaml.safe_dump(flags, sort_keys=False)
+
+
+def headroom(meta: dict, config: dict, reason: str | None) -> dict | None:
+    """What a config launched with a max-model-len below the model's context refuses (summary.json
+    `headroom`): its max-model-len, the context, why it was tightened (`reason`, the trial's
+    `model_len_reason`) and the comment best.yaml and the report carry. None when the config launches with
+    the model's context (no max-model-len, or one at least the context)."""
+    mml = config.get("max_model_len")
+    bounds = meta.get("model_len") or {}  # workload.fit.ModelLenBounds; absent in studies made before it
+    context = bounds.get("context") or meta["space"].get("context") or 0
+    if mml is None or (context and mml >= context):
+        return None
+    why = reason or "sized to the workload's longest request"
+    refused = refused_beyond(mml, bounds.get("max_chars_per_token") or 0, meta["vllm_version"])
+    known = f"the model's context is {context}" if context else "the model's context is unknown"
+    return {"max_model_len": mml, "context": context or None, "reason": why,
+            "comment": f"max-model-len {mml} ({known}; tightened because {why}): {refused}"}
 
 
 def summary(study: optuna.Study, rows: list[dict] | None = None) -> dict:
@@ -123,6 +141,8 @@ def summary(study: optuna.Study, rows: list[dict] | None = None) -> dict:
     }
     if best is not None:
         result["best_command"] = serve_command(meta["model"], best["config"])
+        reason = study.get_trials(deepcopy=False)[best["trial"]].user_attrs.get("model_len_reason")
+        result["headroom"] = headroom(meta, best["config"], reason)
     return result | {"answer": answer(result, rows)}
 
 
@@ -178,8 +198,10 @@ def write_outputs(study: optuna.Study, out: Path) -> dict:
     rows = [trial_row(t) for t in measured(study)]
     result = summary(study, rows)
     if result["best"] is not None:
-        write_atomic(out / "best.yaml", vllm_config_yaml(result["model"], result["best"]["config"]))
-        write_atomic(out / "best_command.sh", f"#!/bin/sh\n# servetune: the best config found\nexec "
+        comment = (result.get("headroom") or {}).get("comment")
+        write_atomic(out / "best.yaml", vllm_config_yaml(result["model"], result["best"]["config"], comment))
+        note = f"# {comment}\n" if comment else ""
+        write_atomic(out / "best_command.sh", f"#!/bin/sh\n# servetune: the best config found\n{note}exec "
                                               f"{result['best_command']}\n", mode=0o755)
     table = io.StringIO()
     writer = csv.DictWriter(table, fieldnames=list(rows[0]) if rows else ["trial"])

@@ -128,7 +128,7 @@ DEFINING = {"model": "--model", "workload": "--workload", "slo": "--slo", "objec
             "references": "--reference-config", "optional_knobs": "--knob", "tokenizer": "--tokenizer",
             "levels": "the level options (--level-requests, --min-level-requests, --max-levels, --confidence, "
                       "--request-timeout)",
-            "confirm": "--confirm/--no-confirm"}
+            "confirm": "--confirm/--no-confirm", "min_model_len": "--min-model-len"}
 
 
 def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: dict[str, Any], resume: bool) -> optuna.Study:

@@ -34,7 +34,7 @@ from servetune.study import (StudyLock, check_storage, default_storage, measured
 from servetune.timelimit import TimePlan, duration
 from servetune.trial import LevelOptions, TrialPlan
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
-from servetune.workload.fit import model_len_for
+from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
 MAX_LOST_IN_A_ROW = 3  # trials whose worker died, one after another, before giving up
@@ -63,8 +63,11 @@ class TuneOptions:
     ray_address: str | None = None
     confirm: bool = True  # the head-to-head of the pick against the defaults at the pick's rate
     time_limit_s: float | None = None  # wall-clock budget of the whole tune, launches and head-to-head included
+    min_model_len: int | None = None  # the floor of a tightened max-model-len (`workload.fit.ModelLenBounds`)
 
     def __post_init__(self) -> None:
+        if self.min_model_len is not None and self.min_model_len < 1:
+            raise ServetuneError(f"--min-model-len must be a positive number of tokens, not {self.min_model_len}")
         if self.objective not in ("goodput", "throughput"):
             raise ServetuneError(f"unknown objective {self.objective!r}; use goodput or throughput")
         if self.objective == "goodput" and not self.slo:
@@ -92,7 +95,8 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
     trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one those
     options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`) the outputs are written with
     state `interrupted` and the exception goes on."""
-    clock = TimePlan(opts.time_limit_s, head_to_head=opts.confirm and opts.objective == "goodput")
+    clock = TimePlan(opts.time_limit_s, head_to_head=opts.confirm and opts.objective == "goodput",
+                     level_requests=opts.levels.requests + opts.levels.warmup_requests)
     lock = _lock(opts)
     tuner = executor_made = None
     try:
@@ -128,29 +132,32 @@ def _lock(opts: TuneOptions) -> StudyLock:
     return StudyLock(opts.out, opts.storage or default_storage(opts.out)).acquire()
 
 
-def _prepare(opts: TuneOptions) -> tuple[Any, list[list[RequestSpec]], int]:
-    """(tokenizer, request sets, max-model-len): everything a bad model path, dataset, workload or study
+def _prepare(opts: TuneOptions) -> tuple[Any, list[list[RequestSpec]], ModelLenBounds]:
+    """(tokenizer, request sets, max-model-len bounds): everything a bad model path, dataset, workload or study
     storage fails on, before the vLLM probe (seconds) or any launch."""
     check_storage(opts.storage or default_storage(opts.out), opts.resume)
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
     count = opts.levels.requests + opts.levels.warmup_requests
     sets = [build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=count)
             for k in range(opts.levels.max_levels + 2)]
-    return tokenizer, sets, _model_len(opts.model, sets)
+    return tokenizer, sets, _model_len(opts, sets, tokenizer)
 
 
-def _model_len(model: str, sets: list[list[RequestSpec]]) -> int:
-    """The max-model-len every searched config gets: what the longest request needs as vLLM counts it, plus
-    headroom (`workload.fit`), at most the model's context. A workload longer than that is refused here."""
+def _model_len(opts: TuneOptions, sets: list[list[RequestSpec]], tokenizer: Any) -> ModelLenBounds:
+    """What a config's max-model-len may be: the model's context (its config.json), and where tightening pays
+    what the longest request needs as vLLM counts it, plus headroom (`workload.fit`), at least
+    --min-model-len and at most the context. A workload longer than the context is refused here."""
     longest = max(r.min_model_len for s in sets for r in s)
     try:
-        context = ModelShape.from_path(model).max_position_embeddings
+        context = ModelShape.from_path(opts.model).max_position_embeddings
     except (OSError, ValueError, KeyError):
-        return model_len_for(longest)
-    if longest > context:
+        context = 0
+    if context and longest > context:
         raise ServetuneError(f"the workload's longest request needs max-model-len {longest}, the model's context "
                              f"is {context} tokens: shorten the workload")
-    return min(model_len_for(longest), context)
+    need = min(model_len_for(longest), context) if context else model_len_for(longest)
+    return ModelLenBounds(need=need, context=context, floor=opts.min_model_len or 0,
+                          max_chars_per_token=max_chars_per_token(tokenizer))
 
 
 @dataclass
@@ -189,21 +196,25 @@ class Proposer:
     typical_prompt: int
 
     @classmethod
-    def open(cls, opts: TuneOptions, executor: Executor, sets: list[list[RequestSpec]], model_len: int) -> "Proposer":
+    def open(cls, opts: TuneOptions, executor: Executor, sets: list[list[RequestSpec]],
+             model_len: ModelLenBounds) -> "Proposer":
         """Probe vLLM, build the search space, open (or resume) the study with its meta and queue the defaults
         and the reference configs it has not measured yet."""
         vllm = executor.probe()
-        space = build_space(vllm, model_len, optional=opts.optional_knobs, fixed=opts.engine_args)
+        space = build_space(vllm, model_len.tightened, context=model_len.context, optional=opts.optional_knobs,
+                            fixed=opts.engine_args)
         memory = MemoryCheck.for_model(opts.model, vllm)
         if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
             space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
-                                space.max_model_len)
+                                space.max_model_len, space.context)
         meta = {"model": opts.model, "workload": opts.workload.model_dump(mode="json"), "slo": opts.slo,
                 "objective": opts.objective, "strategy": opts.strategy, "budget": opts.budget,
-                "space": space.to_dict(), "user_engine_args": opts.engine_args, "servetune_version": __version__,
+                "space": space.to_dict(), "model_len": model_len.model_dump(),
+                "user_engine_args": opts.engine_args, "servetune_version": __version__,
                 "vllm_version": vllm.version, "device": vllm.device_type, "out": str(opts.out.resolve()),
                 "levels": asdict(opts.levels), "seed": opts.seed, "references": opts.references,
-                "optional_knobs": list(opts.optional_knobs), "tokenizer": opts.tokenizer, "confirm": opts.confirm}
+                "optional_knobs": list(opts.optional_knobs), "tokenizer": opts.tokenizer, "confirm": opts.confirm,
+                "min_model_len": opts.min_model_len}
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == "throughput" and bool(opts.slo), slo=tuple(opts.slo))
         study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
@@ -240,6 +251,9 @@ class Proposer:
             self.study.tell(trial, state=TrialState.PRUNED)
             return Skip(trial.number, config, reason or "duplicate", duplicate=reason is None)
         trial.set_user_attr("config_requested", config)
+        if tightened := ("given with --reference-config" if "max_model_len" in (reference or {})
+                         else self.space.model_len_reason(config)):
+            trial.set_user_attr("model_len_reason", tightened)  # below the model's context: why
         if "why" not in trial.user_attrs:
             trial.set_user_attr("why", "vLLM's defaults: the baseline" if role == "default"
                                 else "given with --reference-config" if reference is not None
@@ -247,8 +261,8 @@ class Proposer:
         return Launch(job, trial)
 
     def _refusal(self, config: dict[str, Any]) -> str | None:
-        """Why a searched config is not worth a launch, or None. May set its gpu_memory_utilization (the
-        memory model's choice on a GPU)."""
+        """Why a searched config is not worth a launch, or None. May set its max_model_len (where its KV cache
+        cannot hold the model's context) and its gpu_memory_utilization (the memory model's choices)."""
         if reason := self.space.violation(config):
             return reason
         speed = prefill_speed((t.number, out) for t in measured(self.study) if (out := outcome(t)).ok)
@@ -256,6 +270,7 @@ class Proposer:
             return reason
         if self.memory is None:
             return None
+        self.space.fit_kv_cache(config, self.memory.longest_fitting(config))
         if not self.vllm.on_cpu and "gpu_memory_utilization" not in config:
             config["gpu_memory_utilization"] = self.memory.gpu_memory_utilization(config)
         misfit = self.memory.misfit(config) if config.get("gpu_memory_utilization", 1) else "no utilization fits"

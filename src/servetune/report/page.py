@@ -59,6 +59,7 @@ def render(meta: dict, summary: dict, rows: list[dict], unmeasured: list[dict], 
     env.filters |= {"num": number, "flags": flags, "pct": lambda v: "–" if v is None else f"{v:+.0%}",
                     "pairs": lambda params: " ".join(f"{k}={v}" for k, v in params.items())}
     best, default = summary["best"], summary["default"]
+    headroom = summary.get("headroom")  # a max-model-len below the model's context: what it refuses
     return env.from_string(TEMPLATE).render(
         meta=meta, summary=summary, rows=rows, unmeasured=unmeasured, importance=importance,
         importance_note=importance_note, files=files, confidence=meta.get("levels", {}).get("confidence", 0.95),
@@ -66,7 +67,8 @@ def render(meta: dict, summary: dict, rows: list[dict], unmeasured: list[dict], 
         images={name: data_uri(path) for name, path in images.items()},
         default_trial=(default or {}).get("trial"), best_trial=(best or {}).get("trial"),
         best_value=_value(best, summary), default_value=_value(default, summary),
-        best_yaml=vllm_config_yaml(meta["model"], best["config"]) if best else None,
+        best_yaml=vllm_config_yaml(meta["model"], best["config"], headroom["comment"] if headroom else None)
+        if best else None, headroom=headroom,
         best_command=command(meta["model"], best["config"]) if best else None,
         workload=yaml.safe_dump(meta["workload"], sort_keys=False),
     )

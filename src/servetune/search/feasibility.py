@@ -3,7 +3,8 @@
 from typing import Any
 
 from servetune.engine.installed import InstalledVllm
-from servetune.memory import Calibration, Device, LaunchObservation, ModelShape, calibrate, choose_gpu_memory_utilization, predict
+from servetune.memory import (Calibration, Device, LaunchObservation, ModelShape, calibrate,
+                              choose_gpu_memory_utilization, max_gpu_memory_utilization, predict)
 
 HEADROOM_FRACTION = 0.05  # of the GPU, left to what vLLM does not profile (CUDA context, NCCL, fragments)
 
@@ -31,6 +32,15 @@ class MemoryCheck:
         """Why `config` would not start (predicted), or None."""
         estimate = predict(self.shape, self.device, config, self.calibration)
         return None if estimate.fits else estimate.reason
+
+    def longest_fitting(self, config: dict[str, Any]) -> int:
+        """The longest max-model-len of which the KV cache of `config` holds one sequence (predicted; vLLM
+        refuses to start above it); on a GPU without a gpu_memory_utilization, at the highest
+        `gpu_memory_utilization` may choose."""
+        if self.device.kind == "gpu" and config.get("gpu_memory_utilization") is None:
+            headroom = int(HEADROOM_FRACTION * self.device.memory_bytes)
+            config = {**config, "gpu_memory_utilization": max_gpu_memory_utilization(self.device, headroom)}
+        return predict(self.shape, self.device, config, self.calibration).max_fitting_model_len
 
     def gpu_memory_utilization(self, config: dict[str, Any]) -> float | None:
         """The largest utilization that leaves HEADROOM_FRACTION of the GPU free, chosen without trial and

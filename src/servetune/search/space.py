@@ -11,6 +11,7 @@ from servetune.errors import ServetuneError
 BLOCK_SIZE = 16
 CHUNK_BASE = 128  # the procedure: with chunked prefill, start near 128 and double
 OPTIONAL_KNOBS = ("block_size", "kv_cache_dtype", "cudagraph_capture", "tensor_parallel_size")
+NO_CHUNK_REASON = "without chunked prefill vLLM needs max-num-batched-tokens >= max-model-len"
 
 
 @dataclass(frozen=True)
@@ -23,22 +24,58 @@ class Knob:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """Knobs to search, args every searched config gets (`fixed`), and the workload's longest request."""
+    """Knobs to search, args every searched config gets (`fixed`), the max-model-len a config gets where
+    tightening pays (`max_model_len`: what the workload's longest request needs, at least the user's floor,
+    at most the model's context) and the model's own context (`context`; 0 when unread).
+
+    A searched config launches with the model's own context (no --max-model-len: vLLM derives it from the
+    model, as it does for vLLM's defaults) unless tightening pays, that is unless vLLM would refuse the
+    config at the context: without chunked prefill (`config`: max-num-batched-tokens must hold a whole
+    max-model-len), or with a KV cache that cannot hold one sequence of the context (`fit_kv_cache`).
+    Elsewhere tightening buys nothing: vLLM V1 allocates the KV cache in blocks out of its whole budget, so
+    the KV tokens do not depend on max-model-len, nor do the start-up plan's other terms (weights,
+    activations, CUDA graphs). `model_len_reason` says why a config was tightened."""
 
     knobs: tuple[Knob, ...]
     fixed: dict[str, Any] = field(default_factory=dict)
     max_model_len: int = 0
+    context: int = 0
 
     def knob(self, name: str) -> Knob | None:
         return next((k for k in self.knobs if k.name == name), None)
 
     def config(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Engine args of a searched trial: the fixed args plus the sampled knob values."""
-        return {**self.fixed, **params}
+        """Engine args of a searched trial: the fixed args plus the sampled knob values, and max_model_len
+        where chunked prefill is off (vLLM needs max_num_batched_tokens >= max_model_len there)."""
+        config = {**self.fixed, **params}
+        if "max_model_len" not in config and config.get("enable_chunked_prefill") is False:
+            config["max_model_len"] = self.max_model_len
+        return config
+
+    def fit_kv_cache(self, config: dict[str, Any], longest_fitting: int) -> None:
+        """Tighten `config` to max_model_len when its KV cache holds one sequence of at most
+        `longest_fitting` tokens (the memory model's prediction), less than the model's context: vLLM would
+        refuse to start with the context."""
+        if "max_model_len" not in config and self.context and longest_fitting < self.context:
+            config["max_model_len"] = self.max_model_len
+
+    def model_len_reason(self, config: Mapping[str, Any]) -> str | None:
+        """Why a config (`config`'s, or tightened by `fit_kv_cache`) launches with a max-model-len below the
+        model's context; None when it launches with the context."""
+        mml = config.get("max_model_len")
+        if mml is None or (self.context and mml >= self.context):
+            return None
+        if "max_model_len" in self.fixed:
+            return "set with --engine-arg max-model-len"
+        if config.get("enable_chunked_prefill") is False:
+            return NO_CHUNK_REASON
+        kv = {k: config[k] for k in (CPU_KVCACHE_SPACE, "gpu_memory_utilization") if config.get(k) is not None}
+        size = f" ({', '.join(f'{k} {v}' for k, v in kv.items())})" if kv else ""
+        return f"its KV cache{size} cannot hold one sequence of the model's context: vLLM would not start"
 
     def violation(self, config: Mapping[str, Any]) -> str | None:
         """Why vLLM would refuse `config` at start-up, or None. Checked before launching anything."""
-        mnbt, mml = config.get("max_num_batched_tokens"), config.get("max_model_len")
+        mnbt, mml = config.get("max_num_batched_tokens"), config.get("max_model_len", self.context or None)
         if config.get("enable_chunked_prefill") is False and mnbt is not None and mml is not None and mnbt < mml:
             return f"max_num_batched_tokens ({mnbt}) < max_model_len ({mml}) needs chunked prefill"
         seqs = config.get("max_num_seqs")
@@ -48,12 +85,12 @@ class SearchSpace:
 
     def to_dict(self) -> dict:
         return {"knobs": {k.name: list(k.choices) for k in self.knobs}, "fixed": self.fixed,
-                "max_model_len": self.max_model_len}
+                "max_model_len": self.max_model_len, "context": self.context}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SearchSpace":
         knobs = tuple(Knob(name, tuple(choices)) for name, choices in data["knobs"].items())
-        return cls(knobs, dict(data["fixed"]), data["max_model_len"])
+        return cls(knobs, dict(data["fixed"]), data["max_model_len"], data.get("context", 0))
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -68,18 +105,24 @@ def batched_tokens_ladder(max_model_len: int) -> tuple[int, ...]:
 
 def build_space(
     vllm: InstalledVllm,
-    max_request_len: int,
+    max_model_len: int,
     *,
+    context: int = 0,
     optional: Iterable[str] = (),
     fixed: Mapping[str, Any] | None = None,
 ) -> SearchSpace:
-    """The procedure's knobs for a workload whose longest request (input + output) is `max_request_len`.
+    """The procedure's knobs for a workload whose configs get `max_model_len` where tightening pays (what
+    its longest request needs, at least the user's floor: `workload.fit.ModelLenBounds.tightened`), for a
+    model whose own context is `context` (0: unread).
 
-    max_model_len is fixed to that, rounded up to the block size. Knobs the installed vLLM does not accept
-    are dropped; knobs named in `fixed` (the user's --engine-arg) are not searched.
+    max_model_len is rounded up to the block size (at most the context); the ladder of
+    max_num_batched_tokens takes it as the whole-prompt size. Knobs the installed vLLM does not accept are
+    dropped; knobs named in `fixed` (the user's --engine-arg) are not searched, and a fixed max_model_len
+    is every config's.
     """
-    fixed = {"max_model_len": round_up(max_request_len, BLOCK_SIZE), **(fixed or {})}
-    mml = fixed["max_model_len"]
+    fixed = dict(fixed or {})
+    mml = round_up(max_model_len, BLOCK_SIZE)
+    mml = fixed.get("max_model_len") or (min(mml, context) if context else mml)
     knobs = [
         Knob("max_num_batched_tokens", batched_tokens_ladder(mml)),
         Knob("enable_chunked_prefill", (True, False)),
@@ -99,4 +142,4 @@ def build_space(
             raise ServetuneError(f"unknown optional knob {name!r}; choose from {', '.join(OPTIONAL_KNOBS)}")
         knobs.append(extra[name])
     kept = tuple(k for k in knobs if k.name not in fixed and (k.name == CPU_KVCACHE_SPACE or vllm.accepts(k.name)))
-    return SearchSpace(kept, dict(fixed), mml)
+    return SearchSpace(kept, fixed, mml, context)

@@ -159,9 +159,9 @@ class GridStrategy(OptunaStrategy):
 
 class SeedStrategy:
     """The manual procedure, one ladder per knob on top of the best config so far:
-    max_model_len is fixed to the workload's longest request (the space does that); then
-    max-num-batched-tokens with chunked prefill at 128, 256, 512 ...; then without chunked prefill at
-    1x, 2x, 3x ... max-model-len; then prefix caching off/on, max-num-seqs, the KV cache size; and
+    max_model_len is the model's context, or the workload's longest request where the space tightens it;
+    then max-num-batched-tokens with chunked prefill at 128, 256, 512 ...; then without chunked prefill at
+    1x, 2x, 3x ... the tightened max-model-len; then prefix caching off/on, max-num-seqs, the KV cache size; and
     enforce-eager only once a config ran out of memory. A ladder stops at the first launch failure or
     preemption, or when a step is no better than the one before."""
 
