@@ -91,20 +91,20 @@ def test_the_time_plan_guesses_first_then_uses_what_it_measured():
     plan.observe(wall_s=100, launch_s=20)
     plan.observe(wall_s=140, launch_s=40)
     assert plan.trial_s() == 120 and plan.launch_s() == 30
-    assert plan.head_to_head_s(10.0) == 30 + 35 + 10  # launch, ~350 requests at 10 req/s, stop
-    assert plan.affordable(10.0) in ((600 - 75) // 120, (600 - 75) // 120 - 1)  # the clock runs
-    assert plan.trial_deadline(10.0, trials_left=1) == pytest.approx(plan.deadline - 75)
+    assert plan.head_to_head_s(10.0) == 30 + 60 + 10  # launch, a whole level of 600 requests at 10 req/s, stop
+    assert plan.affordable(10.0) in ((600 - 100) // 120, (600 - 100) // 120 - 1)  # the clock runs
+    assert plan.trial_deadline(10.0, trials_left=1) == pytest.approx(plan.deadline - 100)
     # two trials after this one keep a launch (30 s) and a minute of levels each
-    assert plan.trial_deadline(10.0, trials_left=3) == pytest.approx(plan.deadline - 75 - 2 * 90)
+    assert plan.trial_deadline(10.0, trials_left=3) == pytest.approx(plan.deadline - 100 - 2 * 90)
     plan.started -= 500  # 100 s left: no trial of 120 s fits any more
     assert not plan.can_launch(10.0) and plan.affordable(10.0) == 0
     assert TimePlan(limit_s=None).can_launch(1.0) and TimePlan(limit_s=None).trial_deadline(1.0, 2) is None
 
 
 def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(tiny_model, tmp_path):
-    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=200.0)
+    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0)
     summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=250), executor=executor)
-    assert len(executor.jobs) == 1  # a 200 s trial and the head-to-head do not fit in what is left of 250 s
+    assert len(executor.jobs) == 1  # a 220 s trial and the head-to-head do not fit in what is left of 250 s
     assert summary["state"] == "time-limit" and summary_of(tmp_path)["state"] == "time-limit"
     assert "2 of 3 trials not launched" in summary["not_done"][0]
     assert summary["best"]["trial"] == 0 and summary["confirmation"]["recommended_goodput_rate"] == 5.0

@@ -7,14 +7,16 @@ import math
 import numpy as np
 
 from servetune.loadgen.records import RequestRecord
-from servetune.verdict import Boundaries, Decision, LevelTest, binomial_cdf, clopper_pearson, itl_bounds
+from servetune.verdict import Boundaries, Decision, LevelTest, binomial_cdf, clopper_pearson, itl_bounds, passes
 
 MS = 1_000_000
 
 
-def record(index: int, ttft_ms: float = 10.0, gaps_ms: list[float] | None = None, error: str | None = None) -> RequestRecord:
-    """A request sent at index x 100 ms: first token after `ttft_ms`, then tokens `gaps_ms` apart (8 of 5 ms)."""
-    start = index * 100 * MS
+def record(index: int, ttft_ms: float = 10.0, gaps_ms: list[float] | None = None, error: str | None = None,
+           every_ms: int = 100) -> RequestRecord:
+    """A request sent at index x `every_ms`: first token after `ttft_ms`, then tokens `gaps_ms` apart (8 of 5 ms).
+    Its end-to-end latency (45 ms by default) is under `every_ms`: a level of them fills up after the first."""
+    start = index * every_ms * MS
     chunks = [start + round(ttft_ms * MS)]
     for gap in gaps_ms if gaps_ms is not None else [5.0] * 7:
         chunks.append(chunks[-1] + round(gap * MS))
@@ -34,47 +36,56 @@ def test_binomial_tail_and_clopper_pearson_bounds_match_their_closed_forms():
 
 
 def test_known_counts_pass_fail_or_stay_undecided():
-    # one look (cap 299): a single pass point, so its confidence is exactly the stated 95%
-    single = Boundaries(first=40, cap=299, alpha_pass=0.05, alpha_fail=0.05)
-    assert single.pass_confidence == 0.95
-    assert single.decide(0, 299) == Decision.PASS
-    assert single.decide(0, 298) == Decision.UNDECIDED  # 298 requests cannot show a p99 at 95%
-    assert single.decide(1, 299) == Decision.UNDECIDED
-    assert single.decide(3, 40) == Decision.FAIL
-    assert single.decide(2, 40) == Decision.UNDECIDED
+    # the pass side is one look at the end of the level, at the stated 95%
+    assert passes(0, 299, 0.95) and not passes(0, 298, 0.95)  # 298 requests cannot show a p99 at 95%
+    assert not passes(1, 299, 0.95) and passes(1, 473, 0.95) and passes(2, 628, 0.95)
+    # the fail side looks after every request; a single look would fail 3 of 40
+    single = Boundaries(first=40, cap=40, alpha=0.05)
+    assert single.fail_confidence == 0.95 and single.fails(3, 40) and not single.fails(2, 40)
 
 
-def test_the_sequence_of_looks_keeps_both_error_rates_at_the_stated_confidence():
-    b = Boundaries(first=40, cap=600, alpha_pass=0.05, alpha_fail=0.05)
+def test_the_fail_looks_together_keep_their_error_rate():
+    b = Boundaries(first=40, cap=600, alpha=0.05)
     # more looks than one: each look is stricter than 95% so that all of them together are not
-    assert b.pass_confidence > 0.95 and b.fail_confidence > 0.95
-    assert b._pass_error(b.pass_max) <= 0.05 and b._fail_error(b.fail_min) <= 0.05
-    assert b._pass_error(b._pass_max(0.05)) > 0.05  # a plain 95% at every look would pass too often
-    # the same by simulation: a server exactly at the SLO (1% over) passes <= 5%, one at 0.1% rarely fails
+    assert b.fail_confidence > 0.95 and b._fail_error(b.fail_min) <= 0.05
+    assert b._fail_error(b._fail_min(0.05)) > 0.05  # a plain 95% at every look would fail too often
+    assert b.fails(4, 50) and not b.fails(3, 50)
+    # the same by simulation: a server exactly at the SLO (1% over) fails <= 5% of its levels
     rng = np.random.default_rng(0)
-    for p, wrong in ((0.01, Decision.PASS), (0.001, Decision.FAIL)):
-        errors = 0
-        for _ in range(400):
-            over = np.cumsum(rng.random(600) < p)
-            decision = next((d for n in range(1, 601) if (d := b.decide(int(over[n - 1]), n)) != Decision.UNDECIDED),
-                            Decision.UNDECIDED)
-            errors += decision == wrong
-        assert errors / 400 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 400)
+    wrong = sum(any(b.fails(int(k), n) for n, k in enumerate(np.cumsum(rng.random(600) < 0.01), start=1))
+                for _ in range(400))
+    assert wrong / 400 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 400)
 
 
-def test_a_level_passes_at_the_first_request_count_that_shows_its_p99():
-    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
-    n = next(i for i in range(600) if test.add(record(i)) != Decision.UNDECIDED) + 1
-    assert test.decision == Decision.PASS and n == 342  # 0 of 342: the first count the 600-request plan passes
+def test_a_level_passes_only_at_its_end_and_fails_as_soon_as_it_shows():
+    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400)
+    for i in range(400):
+        assert test.add(record(i)) == Decision.UNDECIDED  # however clean, no pass before the level's end
+    assert test.finish() == Decision.PASS and test.skipped == 1  # the first request was the fill
     t = test.tests["ttft_p99_ms"]
-    assert (t.over, t.counted, t.requests) == (0, 342, 342) and t.high <= 0.01
+    assert (t.over, t.counted, t.requests) == (0, 399, 399) and t.high <= 0.01
+    short = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400)
+    for i in range(250):  # stopped early (a deadline): 249 clean requests cannot show a p99
+        short.add(record(i))
+    assert short.finish() == Decision.UNDECIDED
+
+
+def test_the_requests_sent_while_a_level_fills_up_are_not_counted():
+    # one every 10 ms; the first 5 are the level's only slow ones (95 ms end to end, the rest 45), which puts the
+    # p90 of the first 20 at 95 ms: the 10 requests due in those 95 ms are the fill, and without them it passes
+    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
+    for i in range(600):
+        test.add(record(i, ttft_ms=60.0 if i < 5 else 10.0, every_ms=10))
+    assert test.finish() == Decision.PASS and test.fill_end_ns == 95 * MS and test.skipped == 10
+    assert test.tests["ttft_p99_ms"].over == 0
 
 
 def test_a_level_fails_early_on_slow_requests_and_at_once_on_an_error():
     test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
-    for i in range(40):
-        test.add(record(i, ttft_ms=80.0 if i % 10 == 0 else 10.0))
-    assert test.decision == Decision.FAIL and test.tests["ttft_p99_ms"].over == 4
+    for i in range(60):
+        if test.add(record(i, ttft_ms=80.0 if i % 10 == 5 else 10.0)) != Decision.UNDECIDED:
+            break
+    assert test.decision == Decision.FAIL and test.tests["ttft_p99_ms"].over == 4 and test.requests < 50
     assert test.tests["ttft_p99_ms"].low > 0.01
     failing = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
     assert failing.add(record(0, error="http_500: boom")) == Decision.FAIL
@@ -82,18 +93,18 @@ def test_a_level_fails_early_on_slow_requests_and_at_once_on_an_error():
 
 def test_requests_count_in_send_order_so_a_slow_one_in_flight_holds_back_the_verdict():
     test = LevelTest({"e2el_p99_ms": 100.0}, first=40, cap=400)
-    for i in range(1, 340):  # request 0 (the slow one) has not finished yet
+    for i in [*range(5), *range(6, 346)]:  # request 5 (the slow one) has not finished yet
         test.add(record(i))
-    assert test.decision == Decision.UNDECIDED and test.requests == 0
-    test.add(record(0, ttft_ms=500.0))  # it arrives, over the bound: the verdict can no longer pass at 339
-    assert test.requests == 340 and test.tests["e2el_p99_ms"].over == 1 and test.decision == Decision.UNDECIDED
+    assert test.decision == Decision.UNDECIDED and test.requests == 0  # nothing counts past it
+    test.add(record(5, ttft_ms=500.0))  # it arrives, over the bound: 1 of 345 does not show a p99
+    assert test.requests == 345 and test.tests["e2el_p99_ms"].over == 1 and test.finish() == Decision.UNDECIDED
 
 
 def test_the_warm_up_requests_are_not_counted():
     test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400, first_index=8)
-    for i in range(8, 8 + 299):
+    for i in range(8, 8 + 300):
         test.add(record(i))
-    assert test.decision == Decision.PASS and test.requests == 299
+    assert test.finish() == Decision.PASS and test.requests == 299 and test.skipped == 1
 
 
 def test_an_undecided_level_at_its_end_stays_undecided():
@@ -118,11 +129,10 @@ def test_itl_bounds_count_a_requests_gaps_together():
 
 
 def test_an_itl_slo_passes_only_when_enough_gaps_are_clear_and_fails_on_a_stall_pattern():
-    quiet = LevelTest({"itl_p99_ms": 30.0}, first=40, cap=400)
-    for i in range(400):
-        if quiet.add(record(i)) != Decision.UNDECIDED:
-            break
-    assert quiet.decision == Decision.PASS and quiet.requests >= 40
+    quiet = LevelTest({"itl_p99_ms": 30.0}, first=40, cap=100)
+    for i in range(100):
+        quiet.add(record(i))
+    assert quiet.finish() == Decision.PASS and quiet.tests["itl_p99_ms"].counted == 99 * 7  # gaps, not requests
     stalled = LevelTest({"itl_p99_ms": 30.0}, first=40, cap=400)
     for i in range(400):
         gaps = [5.0] * 6 + [60.0] if i % 4 == 0 else [5.0] * 7  # a stall in every fourth reply: 3.6% of gaps

@@ -18,7 +18,6 @@ GUESS_LAUNCH_S = {"cpu": 60.0, "gpu": 120.0}  # before the first launch is measu
 GUESS_LEVELS_S = 180.0  # a trial's levels, before the first trial is measured
 STOP_S = 10.0  # stopping a server and writing outputs
 FIRST_LEVELS_S = 60.0  # the least time of levels worth launching the first trial for
-PASS_REQUESTS = 350  # about what a passing level needs at 95% (`servetune.verdict`)
 GUESS_HEAD_TO_HEAD_LEVEL_S = 120.0  # the head-to-head's level, before any rate is known
 
 _UNITS = {"h": 3600, "m": 60, "s": 1}
@@ -51,6 +50,7 @@ class TimePlan:
     limit_s: float | None
     device: str = "cpu"  # "cpu" or "gpu": the guess of a launch's cost
     head_to_head: bool = True  # whether the tune ends with one (its time is kept for it)
+    level_requests: int = 600  # a level's cap: a level that passes sends them all
     started: float = field(default_factory=time.time)  # epoch s
     launches: list[float] = field(default_factory=list)  # measured seconds to ready
     trials: list[float] = field(default_factory=list)  # measured seconds launch to stop
@@ -81,10 +81,10 @@ class TimePlan:
 
     def head_to_head_s(self, rate: float | None) -> float:
         """The defaults launched again and one level at `rate` (req/s, the best so far; None: not known yet)
-        that passes; 0 without a head-to-head."""
+        that runs to its end (a pass; a fail ends sooner); 0 without a head-to-head."""
         if not self.head_to_head:
             return 0.0
-        level_s = PASS_REQUESTS / rate if rate and math.isfinite(rate) else GUESS_HEAD_TO_HEAD_LEVEL_S
+        level_s = self.level_requests / rate if rate and math.isfinite(rate) else GUESS_HEAD_TO_HEAD_LEVEL_S
         return self.launch_s() + level_s + STOP_S
 
     def trial_deadline(self, rate: float | None, trials_left: int) -> float | None:

@@ -1,28 +1,36 @@
 """Level verdicts by statistics: does a p99 SLO hold at a level's rate, with a stated confidence?
 
 A p99 SLO holds when at most 1% of requests (of gaps, for ITL) are over its bound. A level counts the
-requests over the bound among those finished so far and decides as soon as the count allows
-(MLPerf LoadGen's "early stopping", made sequential):
+requests over each bound as they finish and decides with a binomial bound on that count (MLPerf LoadGen's
+"early stopping"):
 
-- **pass** when the upper confidence bound of the fraction over the bound is within 1%,
-- **fail** when the lower bound is above 1%,
-- otherwise it keeps sending, up to its cap: then **undecided** (not a pass; marked marginal).
+- **fail** as soon as the lower confidence bound of the fraction over is above 1%: a failing level ends
+  after a few dozen requests;
+- **pass** when the level has sent all its requests (its cap) and the upper confidence bound is within 1%;
+- otherwise **undecided** (not a pass; marked as such).
 
-Request-level SLOs (TTFT, TPOT, E2EL): the count is binomial (requests are independent trials). The level
-looks after every finished request, so each look's Clopper-Pearson confidence is raised until the whole
-sequence of looks, up to the cap, passes an SLO whose true fraction over is 1% with probability at most
-1 - confidence (computed exactly over every path of the count, `Boundaries`), and likewise fails one that
-holds. With several SLOs the fail side is split between them (Bonferroni). 0 of 300 requests over is about
-the least that can pass at 95%; 3 of 40 already fail.
+A pass is decided once, at the level's end, and never early: latency under load is not a sequence of
+independent draws. A level near capacity drifts (its queue grows, later requests are slower) and its
+arrivals come in bursts (a burst puts many requests over the bound at once): a level stopped at the first
+count that could pass stops just before either shows. On the H200, a level of vLLM's defaults at 16.8
+req/s would have passed with 0 of 346 requests over its p99 TPOT bound; the next 24 requests held 11 over
+it, and two `servetune verify` runs at that rate found 17 of 300 and 11 of 600 over.
+
+Request-level SLOs (TTFT, TPOT, E2EL): the fail side looks after every counted request, so each look's
+Clopper-Pearson confidence is raised until all the looks together, up to the cap, fail an SLO whose true
+fraction over is exactly 1% with probability at most 1 - confidence (computed exactly over every path of
+the count, `Boundaries`), split between the SLOs (Bonferroni). The pass side is one look at the end, at the
+stated confidence: 0 of 299 requests over is the least that passes at 95%, 1 of 473, 2 of 628; 3 of 40 fail.
 
 ITL: one request's gaps are correlated (a prefill stall lengthens a gap of every request decoding beside
 it), so they are not independent trials. The fraction of gaps over the bound gets the wider of two bounds:
 the binomial one over all gaps, and a normal bound with the cluster-robust (per request) standard error of a
-ratio, which counts a request's gaps together. Its looks are spaced 25% apart in requests, Bonferroni-split.
+ratio, which counts a request's gaps together. Its fail looks are spaced 25% apart in requests,
+Bonferroni-split; its pass look is the one at the end.
 
-`LevelTest` takes each finished request record and decides over the longest prefix, in send order, of
-requests that have all finished: the requests still in flight are the slow ones, and a verdict that left
-them out would lean toward passing.
+`LevelTest` takes each finished request record and counts, in send order, the requests that have all
+finished (the requests still in flight are the slow ones, and a count that left them out would lean toward
+passing), leaving out those sent while the level filled up.
 """
 
 import math
@@ -39,6 +47,7 @@ from servetune.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
 QUANTILE = 0.99  # the SLOs are p99s
 CONFIDENCE = 0.95
 ITL_LOOK_STEP = 1.25  # ITL looks at min_requests x 1.25^k requests
+RAMP_SAMPLE = 20  # the first requests sent: their end-to-end latency sets how long a level takes to fill up
 
 
 class Decision(StrEnum):
@@ -109,28 +118,20 @@ def _pmf_table(n_max: int, k_max: int, p: float) -> np.ndarray:
 
 
 class Boundaries:
-    """The sequential test of one request-level p99 SLO, looking after every request from `first` to `cap`:
-    pass at n requests when at most `pass_max[n]` are over the bound, fail when at least `fail_min[n]` are.
+    """The fail side of the test of one request-level p99 SLO, looking after every counted request from `first`
+    to `cap`: fail at n requests counted when at least `fail_min[n]` are over the bound.
 
-    Each boundary is a Clopper-Pearson bound at a per-look confidence (`pass_confidence`, `fail_confidence`)
-    chosen so that over all looks together a fraction over of exactly 1 - QUANTILE passes (resp. fails)
-    with probability at most `alpha_pass` (`alpha_fail`): a larger fraction passes less often, a smaller
-    one fails less often. Computed over the distribution of the count, look by look (no simulation)."""
+    Each boundary is a Clopper-Pearson bound at a per-look confidence (`fail_confidence`) chosen so that over
+    all the looks together a fraction over of exactly 1 - QUANTILE fails with probability at most `alpha`; a
+    smaller fraction fails less often. Computed over the distribution of the count, look by look (no
+    simulation)."""
 
-    def __init__(self, first: int, cap: int, alpha_pass: float, alpha_fail: float, quantile: float = QUANTILE):
+    def __init__(self, first: int, cap: int, alpha: float, quantile: float = QUANTILE):
         self.first, self.cap, self.p = first, cap, 1 - quantile
         k_max = max(8, int(cap * self.p * 4 + 30))
         self._cdf = np.cumsum(_pmf_table(cap, k_max, self.p), axis=1)  # P(X <= k) at p
-        self.pass_confidence = 1 - _solve_alpha(lambda a: self._pass_error(self._pass_max(a)), alpha_pass)
-        self.fail_confidence = 1 - _solve_alpha(lambda a: self._fail_error(self._fail_min(a)), alpha_fail)
-        self.pass_max = self._pass_max(1 - self.pass_confidence)
+        self.fail_confidence = 1 - _solve_alpha(lambda a: self._fail_error(self._fail_min(a)), alpha)
         self.fail_min = self._fail_min(1 - self.fail_confidence)
-
-    def _pass_max(self, alpha: float) -> np.ndarray:
-        """Largest k with P(X <= k) <= alpha at each n (upper bound within 1 - quantile); -1 where none."""
-        table = (self._cdf <= alpha).sum(axis=1) - 1
-        table[: self.first] = -1
-        return table
 
     def _fail_min(self, alpha: float) -> np.ndarray:
         """Smallest k with P(X >= k) <= alpha at each n (lower bound above 1 - quantile)."""
@@ -139,17 +140,6 @@ class Boundaries:
         table = np.where((tail <= alpha).any(axis=1), np.argmax(tail <= alpha, axis=1), k_max + 1)
         table[: self.first] = k_max + 1
         return table
-
-    def _pass_error(self, pass_max: np.ndarray) -> float:
-        """P(the count is ever at or under pass_max) at p, over n = 1..cap."""
-        alive = np.zeros(self._cdf.shape[1])
-        alive[0], total = 1.0, 0.0
-        for n in range(1, self.cap + 1):
-            alive = np.concatenate([[alive[0] * (1 - self.p)], alive[1:] * (1 - self.p) + alive[:-1] * self.p])
-            if pass_max[n] >= 0:
-                total += alive[: pass_max[n] + 1].sum()
-                alive[: pass_max[n] + 1] = 0.0
-        return total
 
     def _fail_error(self, fail_min: np.ndarray) -> float:
         """P(the count ever reaches fail_min) at p, over n = 1..cap (counts past the table fail at once)."""
@@ -161,14 +151,13 @@ class Boundaries:
             alive[fail_min[n]:] = 0.0
         return total
 
-    def decide(self, over: int, n: int) -> Decision:
-        if n >= len(self.pass_max):
-            n = len(self.pass_max) - 1
-        if over >= self.fail_min[n]:
-            return Decision.FAIL
-        if over <= self.pass_max[n]:
-            return Decision.PASS
-        return Decision.UNDECIDED
+    def fails(self, over: int, n: int) -> bool:
+        return over >= self.fail_min[min(n, self.cap)]
+
+
+def passes(over: int, n: int, confidence: float, quantile: float = QUANTILE) -> bool:
+    """One look: the upper Clopper-Pearson bound of `over` of `n` at `confidence` is within 1 - quantile."""
+    return n > 0 and binomial_cdf(over, n, 1 - quantile) <= 1 - confidence
 
 
 def _solve_alpha(error, target: float) -> float:
@@ -184,17 +173,18 @@ def _solve_alpha(error, target: float) -> float:
 
 
 @lru_cache(maxsize=32)
-def boundaries(first: int, cap: int, alpha_pass: float, alpha_fail: float) -> Boundaries:
-    return Boundaries(first, cap, alpha_pass, alpha_fail)
+def boundaries(first: int, cap: int, alpha: float) -> Boundaries:
+    return Boundaries(first, cap, alpha)
 
 
 def itl_looks(first: int, cap: int) -> list[int]:
-    """Request counts at which an ITL SLO is looked at: `first` x 1.25^k, and the cap."""
+    """Request counts at which an ITL SLO's fail side is looked at: `first` x 1.25^k, below the cap (the end of
+    the level is one more look)."""
     looks, n = [], float(first)
     while n < cap:
         looks.append(math.ceil(n))
         n *= ITL_LOOK_STEP
-    return sorted(set(looks + [cap]))
+    return sorted(set(looks))
 
 
 def itl_bounds(gaps: list[list[float]], bound_ms: float, confidence: float) -> tuple[int, int, float, float]:
@@ -227,45 +217,59 @@ PER_REQUEST = {"ttft_p99_ms": ttft_ms, "tpot_p99_ms": tpot_ms, "e2el_p99_ms": e2
 
 
 class LevelTest:
-    """The sequential verdict of one level under its SLOs. `add` each finished timed record (any order);
-    `decision` is final once it is not UNDECIDED, or when the level ends (`finish`).
+    """The verdict of one level under its SLOs. `add` each finished timed record (any order): `decision` turns
+    FAIL as soon as an SLO's count shows it; `finish` when the level has ended gives the rest (PASS, or
+    UNDECIDED).
 
     Requests are taken in send order (their index) and counted only once every request sent before them
-    has finished; `first_index` is the first timed request's (after the warm-up ones). A request that failed
-    (an HTTP error, a reply cut short, a lost connection) fails the level at once, as any error does. `first`
-    is the fewest requests a pass may rest on, `cap` the most the level sends."""
+    has finished; `first_index` is the first timed request's (after the warm-up ones). Those sent while the
+    level fills up are not counted: a level's first requests meet a server that is not yet as loaded as it
+    will be (steady-state output analysis deletes such a warm-up the same way). The fill lasts the p90
+    end-to-end latency of the first RAMP_SAMPLE requests sent (all of them, long ones included: the first to
+    finish are the short ones), from the first one's due time (`metrics.keep_up` fills the same way). A
+    request that failed (an HTTP error, a reply cut short, a lost connection) fails the level at once, as any
+    error does; one cancelled (the level stopped) never finished and counts as nothing. `first` is the fewest
+    requests a verdict rests on, `cap` the most the level sends."""
 
     def __init__(self, slo: Mapping[str, float], first: int, cap: int, first_index: int = 0,
                  confidence: float = CONFIDENCE):
         self.slo, self.first, self.cap, self.confidence = dict(slo), first, cap, confidence
-        alpha = 1 - confidence
-        n_request_slos = sum(name in PER_REQUEST for name in slo)
-        n_fail = max(1, len(slo))
-        self.bounds = boundaries(first, cap, alpha, alpha / n_fail) if n_request_slos else None
+        fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
+        self.bounds = boundaries(first, cap, fail_alpha) if any(name in PER_REQUEST for name in slo) else None
         self.looks = itl_looks(first, cap) if "itl_p99_ms" in slo else []
-        self.itl_confidence = 1 - alpha / (n_fail * (len(self.looks) + 1))  # the looks and a last one at the end
+        self.itl_fail_confidence = 1 - fail_alpha / (len(self.looks) + 1)  # the looks and the one at the end
         self._waiting: dict[int, RequestRecord] = {}
+        self._first_index = first_index
         self._next = first_index  # index of the next request in send order
+        self.fill_end_ns: int | None = None  # requests due before this are not counted
+        self.skipped = 0
         self._over = {name: 0 for name in slo}
         self._counted = {name: 0 for name in slo}
         self._gaps: list[list[float]] = []
         self.requests = 0
-        self.failed = False
         self.tests: dict[str, SloTest] = {}
         self.decision = Decision.UNDECIDED
 
     def add(self, record: RequestRecord) -> Decision:
-        if self.decision != Decision.UNDECIDED:
+        if self.decision != Decision.UNDECIDED or record.error_kind == "cancelled":
             return self.decision
-        if not record.ok and record.error_kind != "cancelled":
-            self.failed = True
+        if not record.ok:
             self.decision = Decision.FAIL
             return self.decision
         self._waiting[record.index] = record
+        if self.fill_end_ns is None:
+            sample = [self._waiting.get(i) for i in range(self._first_index, self._first_index + RAMP_SAMPLE)]
+            if None in sample:
+                return self.decision
+            self.fill_end_ns = sample[0].scheduled_ns + int(np.percentile([e2el_ms(r) for r in sample], 90) * 1e6)
         grew = False
         while self._next in self._waiting and self.requests < self.cap:
-            self._count(self._waiting.pop(self._next))
+            r = self._waiting.pop(self._next)
             self._next += 1
+            if r.scheduled_ns < self.fill_end_ns:
+                self.skipped += 1
+                continue
+            self._count(r)
             grew = True
         if grew:
             self._decide(final=False)
@@ -284,21 +288,24 @@ class LevelTest:
             self._over[name] += value > bound
 
     def _decide(self, final: bool) -> None:
-        decisions = []
         for name, bound in self.slo.items():
-            test = self._itl_test(bound, final) if name == "itl_p99_ms" else self._request_test(name, bound)
+            test = self._itl_test(bound, final) if name == "itl_p99_ms" else self._request_test(name, bound, final)
             if test is not None:
                 self.tests[name] = test
-            decisions.append(self.tests[name].decision if name in self.tests else Decision.UNDECIDED)
+        decisions = [t.decision for t in self.tests.values()]
         if Decision.FAIL in decisions:
             self.decision = Decision.FAIL
-        elif decisions and all(d == Decision.PASS for d in decisions) and self.requests >= self.first:
+        elif final and len(self.tests) == len(self.slo) and all(d == Decision.PASS for d in decisions):
             self.decision = Decision.PASS
 
-    def _request_test(self, name: str, bound: float) -> SloTest:
+    def _request_test(self, name: str, bound: float, final: bool) -> SloTest:
         over, n = self._over[name], self._counted[name]
-        decision = self.bounds.decide(over, n) if n else Decision.UNDECIDED
-        confidence = self.bounds.fail_confidence if decision == Decision.FAIL else self.bounds.pass_confidence
+        if n and self.bounds.fails(over, n):
+            decision, confidence = Decision.FAIL, self.bounds.fail_confidence
+        else:
+            confidence = self.confidence
+            ok = final and n >= self.first and passes(over, n, confidence)
+            decision = Decision.PASS if ok else Decision.UNDECIDED
         low, high = clopper_pearson(over, n, confidence)
         return SloTest(slo=name, bound_ms=bound, over=over, counted=n, requests=self.requests, low=low, high=high,
                        decision=decision)
@@ -306,15 +313,20 @@ class LevelTest:
     def _itl_test(self, bound: float, final: bool) -> SloTest | None:
         if self.requests not in self.looks and not final:
             return None
-        over, counted, low, high = itl_bounds(self._gaps, bound, self.itl_confidence)
+        over, counted, low, high = itl_bounds(self._gaps, bound, self.itl_fail_confidence)
         p = 1 - QUANTILE
-        decision = (Decision.FAIL if low > p else Decision.PASS if high <= p and self.requests >= self.first
-                    else Decision.UNDECIDED)
+        if low > p:
+            decision = Decision.FAIL
+        else:
+            over, counted, low, high = itl_bounds(self._gaps, bound, self.confidence)
+            ok = final and self.requests >= self.first and high <= p
+            decision = Decision.PASS if ok else Decision.UNDECIDED
         return SloTest(slo="itl_p99_ms", bound_ms=bound, over=over, counted=counted, requests=self.requests,
                        low=low, high=high, decision=decision)
 
     def finish(self) -> Decision:
-        """The verdict once the level has ended: the last look over what finished in order."""
-        if self.decision == Decision.UNDECIDED and not self.failed and self.requests:
+        """The verdict once the level has ended (the last look: pass or fail, else undecided; a level too short
+        to fill up counted nothing and stays undecided)."""
+        if self.decision == Decision.UNDECIDED and self.requests:
             self._decide(final=True)
         return self.decision

@@ -129,8 +129,8 @@ class SloCheck(BaseModel):
     """One SLO against one client's point p99, taken over its `requests` completed requests (ITL: over their
     inter-token gaps): `passed` when some request completed and the p99 is within `bound_ms`. For servetune's
     client also `test`: the tuner's statistical test of a level (`servetune.verdict`) over its requests, pass
-    or fail at 95% confidence, or undecided (a TTFT, TPOT or E2EL p99 cannot pass on fewer than 300 requests;
-    an ITL p99 counts gaps)."""
+    or fail at 95% confidence, or undecided (a TTFT, TPOT or E2EL p99 cannot pass on fewer than 299 requests
+    counted after the level fills up; an ITL p99 counts gaps)."""
 
     name: str
     bound_ms: float
@@ -297,7 +297,7 @@ def slo_tests(slo: dict[str, float], records: list[RequestRecord]) -> dict[str, 
     such a level outright."""
     tests = {}
     for name, bound in slo.items():
-        level = LevelTest({name: bound}, first=len(records), cap=len(records), first_index=records[0].index)
+        level = LevelTest({name: bound}, first=min(40, len(records)), cap=len(records), first_index=records[0].index)
         for record in records:
             level.add(record)
         level.finish()
