@@ -177,8 +177,9 @@ def answer(summary: dict, rows: list[dict]) -> str:
     elif default is None:
         text = f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
     elif summary["best_beats_default"]:
-        text = (f"trial #{best['trial']} beats vLLM's defaults: {holds}, {summary['gain']:+.0%} over their "
-                f"{default[key]:.2f} {unit}, beyond the measured resolution.")
+        than = (f"{summary['gain']:+.0%} over their {default[key]:.2f} {unit}" if summary["gain"] is not None
+                else "where they held no rate")
+        text = f"trial #{best['trial']} beats vLLM's defaults: {holds}, {than}, beyond the measured resolution."
     else:
         top = max((r for r in rows if r["status"] == "ok"), key=lambda r: r["value"] or 0.0)
         text = f"keep vLLM's defaults: {holds}."
