@@ -88,11 +88,13 @@ def test_the_time_plan_guesses_first_then_uses_what_it_measured():
     plan.started -= 470  # 130 s left: the first trial is still launched on its guess (a launch and a minute)
     assert plan.can_launch(None) and plan.affordable(None) == 0
     plan.started += 470
+    plan.observe(wall_s=200, launch_s=120)  # a cold first launch: later ones are taken as at most the guess
+    assert plan.launch_s() == 60 and plan.trial_s() == 60 + 80
     plan.observe(wall_s=100, launch_s=20)
     plan.observe(wall_s=140, launch_s=40)
-    assert plan.trial_s() == 120 and plan.launch_s() == 30
+    assert plan.launch_s() == 30 and plan.trial_s() == 30 + 80  # the launches after the first; the levels' median
     assert plan.head_to_head_s(10.0) == 30 + 60 + 10  # launch, a whole level of 600 requests at 10 req/s, stop
-    assert plan.affordable(10.0) in ((600 - 100) // 120, (600 - 100) // 120 - 1)  # the clock runs
+    assert plan.affordable(10.0) in ((600 - 100) // 110, (600 - 100) // 110 - 1)  # the clock runs
     assert plan.trial_deadline(10.0, trials_left=1) == pytest.approx(plan.deadline - 100)
     # two trials after this one keep a launch (30 s) and a minute of levels each
     assert plan.trial_deadline(10.0, trials_left=3) == pytest.approx(plan.deadline - 100 - 2 * 90)

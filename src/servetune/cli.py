@@ -638,7 +638,7 @@ def read_config_yaml(path: Path) -> dict:
 
 
 DEMO_WORKLOAD = Path(__file__).parent / "demo_workload.yaml"
-DEMO_SLO = ["tpot_p99_ms=25"]
+DEMO_SLO = ["itl_p99_ms=40"]
 
 
 @app.command()
@@ -658,7 +658,7 @@ def demo(
     with one_line_errors():
         opts = tune_options(model=str(model.resolve()), workload=DEMO_WORKLOAD, out=out, slo=DEMO_SLO,
                             objective="goodput", strategy="optuna", budget=budget, resume=resume, seed=0,
-                            time_limit=time_limit, levels=LevelOptions(max_levels=4))
+                            time_limit=time_limit, levels=LevelOptions(requests=400, max_levels=4))
     _tune_guarded(opts)
 
 

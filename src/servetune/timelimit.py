@@ -53,7 +53,7 @@ class TimePlan:
     level_requests: int = 600  # a level's cap: a level that passes sends them all
     started: float = field(default_factory=time.time)  # epoch s
     launches: list[float] = field(default_factory=list)  # measured seconds to ready
-    trials: list[float] = field(default_factory=list)  # measured seconds launch to stop
+    levels: list[float] = field(default_factory=list)  # measured seconds of each trial after its launch
 
     @property
     def deadline(self) -> float | None:
@@ -67,17 +67,24 @@ class TimePlan:
 
     def observe(self, wall_s: float | None, launch_s: float | None) -> None:
         """A finished trial's cost: its whole time and its launch."""
-        if wall_s is not None:
-            self.trials.append(wall_s)
         if launch_s is not None:
             self.launches.append(launch_s)
+        if wall_s is not None:
+            self.levels.append(max(0.0, wall_s - (launch_s or 0.0)))
 
     def launch_s(self) -> float:
-        return statistics.median(self.launches) if self.launches else GUESS_LAUNCH_S.get(self.device, 60.0)
+        """What the next launch is expected to take. The first launch on a machine also fills vLLM's compile
+        caches (on the H200, 3m27s against ~1m30s after it), so until a second is measured a launch is taken
+        as the smaller of the first and the guess."""
+        guess = GUESS_LAUNCH_S.get(self.device, 60.0)
+        if len(self.launches) > 1:
+            return statistics.median(self.launches[1:])
+        return min(self.launches[0], guess) if self.launches else guess
 
     def trial_s(self) -> float:
-        """What the next trial is expected to cost: the median of those measured, else a guess."""
-        return statistics.median(self.trials) if self.trials else self.launch_s() + GUESS_LEVELS_S
+        """What the next trial is expected to cost: a launch and the median of the levels measured (each trial's
+        time less its launch), else a guess."""
+        return self.launch_s() + (statistics.median(self.levels) if self.levels else GUESS_LEVELS_S)
 
     def head_to_head_s(self, rate: float | None) -> float:
         """The defaults launched again and one level at `rate` (req/s, the best so far; None: not known yet)
@@ -100,7 +107,7 @@ class TimePlan:
         """Whether one more trial and then the head-to-head fit in what is left. Before any trial is measured
         the first is launched on a guess as long as a launch and a minute of levels fit: the trial is cut at
         its deadline, and part of a measurement is an answer where none is not."""
-        if not self.trials:
+        if not self.levels:
             return self.remaining() >= self.launch_s() + FIRST_LEVELS_S
         return self.remaining() >= self.trial_s() + self.head_to_head_s(rate)
 
@@ -112,7 +119,7 @@ class TimePlan:
 
     def describe(self, rate: float | None, budget_left: int) -> str:
         """One line: what the time left affords."""
-        measured = "measured" if self.trials else "guessed"
+        measured = "measured" if self.levels else "guessed"
         trials = min(budget_left, self.affordable(rate))
         head = f" and the head-to-head (~{duration(self.head_to_head_s(rate))})" if self.head_to_head else ""
         return (f"time left {duration(self.remaining())}: a trial costs ~{duration(self.trial_s())} ({measured}; "
