@@ -322,6 +322,130 @@ def real_server_too_long(tmp: Path) -> tuple[str, bool]:
     return f"exit {proc.returncode}: `{last(proc)[:200]}`; prompt tokens the server saw: {sent:.0f}", ok
 
 
+def bench_stop(sig: int, code: int) -> Callable[[Path], tuple[str, bool]]:
+    """bench started with SIGINT ignored (as a script's `cmd &` starts it), stopped by `sig` mid-run."""
+    def probe(tmp: Path) -> tuple[str, bool]:
+        fake = FakeServer()
+        try:
+            argv, out = bench_fake(fake, tmp, None, "--request-rate", "20", "--num-prompts", "400", max_tokens=20)
+            proc = subprocess.Popen([str(a) for a in argv], stderr=subprocess.PIPE, text=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+            wait_for(lambda: fake.requests() >= 40, 60)
+            proc.send_signal(sig)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            fake.stop()
+        result = json.loads(out.read_text()) if out.exists() else {}
+        records = out.with_suffix(".records.jsonl")
+        kept = len(records.read_text().splitlines()) - 1 if records.exists() else 0
+        seen = (f"exit {proc.returncode}; JSON interrupted={result.get('interrupted')}, completed "
+                f"{result.get('completed')}, {kept} records")
+        return seen, proc.returncode == code and result.get("interrupted") is True and result.get("completed", 0) > 0
+    return probe
+
+
+def bench_json_unwritable(tmp: Path) -> tuple[str, bool]:
+    """--json a directory, and under a regular file: refused in one line before any request."""
+    fake = FakeServer()
+    seen, ok = [], True
+    try:
+        (tmp / "a-file").write_text("")
+        for where in (tmp, tmp / "a-file" / "o.json"):
+            argv, _ = bench_fake(fake, tmp)
+            argv[argv.index(tmp / "o.json")] = where
+            proc = sh(argv)
+            seen.append(f"exit {proc.returncode}: `{last(proc)[:120]}`")
+            ok = ok and proc.returncode == 2 and "--json: cannot write" in last(proc)
+        sent = fake.requests()
+    finally:
+        fake.stop()
+    return "; ".join(seen) + f"; requests the server saw: {sent}", ok and sent == 0
+
+
+def report_out_unwritable(tmp: Path) -> tuple[str, bool]:
+    (tmp / "a-file").write_text("")
+    proc = sh([*SERVETUNE, "report", "--out", tmp / "a-file" / "out"])
+    return f"exit {proc.returncode}: `{last(proc)[:160]}`", proc.returncode == 2 and "--out: cannot write" in last(proc)
+
+
+TUNE_WORKLOAD = "num_requests: 60\nseed: 1\ninput_len: {type: uniform, min: 64, max: 128}\n" \
+                "output_len: {type: uniform, min: 8, max: 16}\n"
+
+
+def tune_argv(tmp: Path, *extra) -> list:
+    (tmp / "w.yaml").write_text(TUNE_WORKLOAD)
+    return [*SERVETUNE, "tune", "--model", MODEL, "--workload", tmp / "w.yaml", "--out", tmp / "out", "--slo",
+            "tpot_p99_ms=500", "--strategy", "seed", "--budget", "1", "--level-requests", "320",
+            "--min-level-requests", "20", "--max-levels", "1", "--no-confirm", *extra]
+
+
+def trial_serving(tmp: Path) -> bool:
+    log = tmp / "out" / "trials" / "0000" / "server.log"
+    return log.exists() and "KV cache size" in log.read_text(errors="replace")
+
+
+def two_tuners(tmp: Path) -> tuple[str, bool]:
+    """A tune on OUT; while its trial runs, a --resume and a fresh tune on the same OUT; then the first's result."""
+    first = subprocess.Popen([str(a) for a in tune_argv(tmp)], stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: trial_serving(tmp), 300)
+    second = sh(tune_argv(tmp, "--resume"))
+    fresh = sh(tune_argv(tmp))
+    _, stderr = first.communicate(timeout=900)
+    summary = json.loads((tmp / "out" / "summary.json").read_text()) if (tmp / "out" / "summary.json").exists() else {}
+    ok = (second.returncode == fresh.returncode == 2 and "is being tuned by pid" in last(second)
+          and "is being tuned by pid" in last(fresh) and first.returncode == 0 and summary.get("trials") == 1
+          and summary.get("state") == "complete")
+    return (f"--resume: exit {second.returncode} `{last(second)[:140]}`; a fresh tune: exit {fresh.returncode}; "
+            f"the first: exit {first.returncode}, {summary.get('trials')} trial, state {summary.get('state')}"), ok
+
+
+def resume_changed_engine_arg(tmp: Path) -> tuple[str, bool]:
+    done = sh(tune_argv(tmp), timeout=900)
+    before = set(vllm_processes())
+    proc = sh(tune_argv(tmp, "--resume", "--budget", "2", "--engine-arg", "max-num-seqs=8"))
+    launched = (tmp / "out" / "trials" / "0001").exists() or set(vllm_processes()) - before
+    ok = done.returncode == 0 and proc.returncode == 2 and "--engine-arg differs" in last(proc) and not launched
+    return f"exit {proc.returncode}: `{last(proc)[:200]}`; a trial launched: {bool(launched)}", ok
+
+
+def tune_stop(sig: int, code: int) -> Callable[[Path], tuple[str, bool]]:
+    """tune started with SIGINT ignored, stopped by `sig` while its first trial's server is up."""
+    def probe(tmp: Path) -> tuple[str, bool]:
+        proc = subprocess.Popen([str(a) for a in tune_argv(tmp)], stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        wait_for(lambda: trial_serving(tmp), 300)
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        proc.communicate(timeout=120)
+        took = time.monotonic() - sent
+        gone = wait_for(lambda: not vllm_processes(), 1)
+        summary = tmp / "out" / "summary.json"
+        state = json.loads(summary.read_text()).get("state") if summary.exists() else None
+        ok = proc.returncode == code and took < 10 and gone and state == "interrupted"
+        return f"exit {proc.returncode} {took:.1f} s after the signal; summary.json state {state}; servers gone: {gone}", ok
+    return probe
+
+
+STUDY_PROBES = [
+    ("bench SIGTERM mid-run (SIGINT ignored by its parent)", "exit 143, finished requests in JSON and records",
+     bench_stop(signal.SIGTERM, 143)),
+    ("bench SIGINT mid-run with SIGINT ignored by its parent", "exit 130, finished requests in JSON and records",
+     bench_stop(signal.SIGINT, 130)),
+    ("bench --json a directory, or under a file", "exit 2 naming --json before any request", bench_json_unwritable),
+    ("report --out under a file", "exit 2, one line naming --out", report_out_unwritable),
+]
+TUNE_PROBES = [
+    ("a second tuner (--resume, and a fresh one) on a study being tuned", "both exit 2 naming the holder; the "
+     "first's result intact", two_tuners),
+    ("tune --resume with a changed --engine-arg", "exit 2 naming --engine-arg and both values, no launch",
+     resume_changed_engine_arg),
+    ("tune SIGINT mid-trial with SIGINT ignored by its parent", "exit 130 within 10 s, outputs as interrupted, no "
+     "server left", tune_stop(signal.SIGINT, 130)),
+    ("tune SIGTERM mid-trial", "exit 143 within 10 s, outputs as interrupted, no server left",
+     tune_stop(signal.SIGTERM, 143)),
+]
+
+
 INPUT_PROBES = [
     ("trace timestamp nan", "exit 2, one line naming file:line, no request",
      refused_input(trace_files("0,16,4\nnan,16,4\n"), [], "t.csv:3: timestamp 'nan' is not a finite number >= 0")),
@@ -422,8 +546,8 @@ def main() -> None:
                         help="run only the probes whose name contains TEXT (repeatable); their rows in --out are "
                              "updated and the others kept")
     args = parser.parse_args()
-    everything = FAKE_PROBES + INPUT_PROBES + VLLM_PROBES
-    probes = FAKE_PROBES + INPUT_PROBES + ([] if args.skip_vllm else VLLM_PROBES)
+    everything = FAKE_PROBES + INPUT_PROBES + STUDY_PROBES + VLLM_PROBES + TUNE_PROBES
+    probes = FAKE_PROBES + INPUT_PROBES + STUDY_PROBES + ([] if args.skip_vllm else VLLM_PROBES + TUNE_PROBES)
     if args.only:
         probes = [p for p in probes if any(text in p[0] for text in args.only)]
         if not probes:
@@ -450,7 +574,7 @@ def main() -> None:
                         "tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
                         "started still alive 1 s after the probe, and port lock files left behind once the next "
                         "servetune has reserved a port (it sweeps the files of a killed one). Rows re-run alone with "
-                        "`--only` (issue 20's input probes) replaced their earlier ones.\n\n"
+                        "`--only` (issue 20's probes) replaced their earlier ones.\n\n"
                         + "\n".join(table) + "\n")
     print(f"wrote {args.out}")
 
