@@ -24,7 +24,7 @@ def test_the_pick_is_confirmed_when_the_defaults_fail_at_its_rate():
     result = decide(PICK, DEFAULT, head_to_head("fail", ["tpot_p99_ms: 9 of 120 requests over 25 ms"]), None)
     assert result["verdict"] == "confirmed" and result["recommended_trial"] == 3
     assert result["recommended_goodput_rate"] == 10.0 and result["default_goodput_rate"] == 5.0
-    assert "the defaults fail at that rate (tpot_p99_ms: 9 of 120" in result["reason"]
+    assert result["reason"] == "the defaults fail at 10.00 req/s (tpot_p99_ms: 9 of 120 requests over 25 ms)"
     assert result["head_to_head"]["verdict"] == "fail" and result["head_to_head"]["requests"] == 120
 
 

@@ -19,11 +19,11 @@ def summary(**given) -> dict:
 
 
 def test_a_confirmed_pick_says_its_rate_how_sure_and_why():
-    confirmation = {"recommended_goodput_rate": 10.0, "reason": "trial 3 holds 10.00 req/s; the defaults fail at that rate"}
+    confirmation = {"recommended_goodput_rate": 10.0, "reason": "the defaults fail at 10.00 req/s (...)"}
     text = answer(summary(best=entry(3, 10.0), best_beats_default=True, gain=1.0, confirmation=confirmation),
                   [row(0, 5.0, (5, 6)), row(3, 10.0, (10, 11))])
     assert text == ("Run trial #3's config: it holds 10.00 req/s within the SLOs (decided at 95% confidence); "
-                    "trial 3 holds 10.00 req/s; the defaults fail at that rate.")
+                    "the defaults fail at 10.00 req/s (...).")
 
 
 def test_a_pick_where_the_defaults_held_no_rate_is_not_a_percentage():

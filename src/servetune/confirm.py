@@ -82,7 +82,7 @@ def decide(pick: dict | None, default: dict | None, default_outcome: TrialOutcom
         return record | {
             "verdict": "confirmed", "recommended_trial": pick["trial"], "recommended_goodput_rate": rate,
             "default_goodput_rate": base,
-            "reason": f"{name} holds {rate:.2f} req/s; the defaults fail at that rate ({'; '.join(level.reasons[:2])})"}
+            "reason": f"the defaults fail at {rate:.2f} req/s ({'; '.join(level.reasons[:2])})"}
     if level.verdict == Decision.PASS:
         return record | {
             "verdict": "not confirmed", "recommended_trial": default["trial"], "recommended_goodput_rate": rate,
