@@ -78,3 +78,23 @@ def test_server_never_outlives_servetune(tiny_model, tmp_path, sig):
     os.kill(proc.pid, sig)
     proc.wait(timeout=60)
     assert wait_for(lambda: not (set(vllm_processes()) - before), 60), set(vllm_processes()) - before
+
+
+def test_an_interrupt_while_the_server_starts_stops_it_before_servetune_exits(tiny_model, tmp_path):
+    """servetune's own signal handling (SIGTERM raises `Interrupted`) during start(): the server is stopped by
+    start() itself, so none is left the moment the process has exited, not only once its guard notices."""
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from servetune.engine import Engine
+        from servetune.interrupt import handle_signals
+        handle_signals()
+        Engine({str(tiny_model)!r}, {{}}, Path({str(tmp_path / 'server.log')!r})).start()
+    """)
+    before = set(vllm_processes())
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: any("vllm.entrypoints" in p for p in set(vllm_processes()) - before), 60)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert "Interrupted: SIGTERM" in stderr
+    assert wait_for(lambda: not (set(vllm_processes()) - before), 1), set(vllm_processes()) - before

@@ -156,13 +156,18 @@ class Engine:
 
     def start(self) -> StartupFacts:
         """Launch on a reserved port and wait for /health; raises EngineFailed (server stopped) if it never
-        gets ready. A launch whose port another process took first is retried on a new port."""
+        gets ready, and stops the server before any other exception (an interrupt) goes on. A launch whose port
+        another process took first is retried on a new port."""
         _install_handlers()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         for attempt in range(LAUNCH_TRIES):
-            self._launch()
-            failure = self._wait_ready(started)
+            try:
+                self._launch()
+                failure = self._wait_ready(started)
+            except BaseException:  # an interrupt while it starts: the server goes with it
+                self.stop()
+                raise
             if failure is None:
                 break
             self.stop()
