@@ -96,7 +96,9 @@ def test_both_clients_measure_the_same_requests_on_one_server(options):
             assert check.p99_ms == getattr(client.metrics, f"p99_{check.name.split('_')[0]}_ms")
             assert check.passed == (check.p99_ms <= check.bound_ms)
     ttft, itl, e2el = (check.test for check in ours.slo)  # servetune's client: the tuner's statistical tests
-    assert (ttft.requests, itl.requests) == (40, 40) and 0 < itl.counted <= ours.metrics.total_output_tokens - 40
+    # counted as the tuner counts a level: in send order, less those sent while the run filled up
+    assert 20 <= ttft.requests == itl.requests <= 40
+    assert 0 < itl.counted <= ours.metrics.total_output_tokens - ttft.requests
     assert ttft.decision != "pass"  # 40 requests cannot pass a request-level p99 at 95%
     assert e2el.decision == "fail" and e2el.over == e2el.counted  # no reply within 1 ms
     assert not ours.slo[2].passed and not theirs.slo[2].passed

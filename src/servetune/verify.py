@@ -292,9 +292,9 @@ def client_result(metrics: ClientMetrics, slo: dict[str, float], output: str,
 
 
 def slo_tests(slo: dict[str, float], records: list[RequestRecord]) -> dict[str, SloTest]:
-    """Each SLO's test by the tuner's `LevelTest`, on its own and over all `records` (a fail may come earlier:
-    a count over the bound that no later request can undo); none where a request failed, since the tuner fails
-    such a level outright."""
+    """Each SLO's test by the tuner's `LevelTest`, on its own, over `records` as the tuner counts a level's (those
+    sent while the run filled up left out; a fail may come earlier: a count over the bound that no later request
+    can undo); none where a request failed, since the tuner fails such a level outright."""
     tests = {}
     for name, bound in slo.items():
         level = LevelTest({name: bound}, first=min(40, len(records)), cap=len(records), first_index=records[0].index)
