@@ -9,6 +9,7 @@ from optuna.trial import TrialState
 
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
+from servetune.record import StudyRecord, TrialRecord, read_trial, write_trial
 from servetune.results import choose_best, vllm_config_yaml
 from servetune.search.objective import RateSearch, level_verdict, parse_slo
 from servetune.search.space import NO_CHUNK_REASON, SearchSpace, batched_tokens_ladder, build_space
@@ -191,9 +192,9 @@ def test_best_yaml_uses_vllm_flag_names():
 
 def _tell(study, value=None, preemptions=0, failed=False):
     trial = study.ask()
-    params = suggest(trial, SPACE) if trial.user_attrs.get("role") != "default" else {}
+    params = suggest(trial, SPACE) if read_trial(trial).role != "default" else {}
     out = outcomes.failed(kind="oom") if failed else outcomes.ok(preemptions=preemptions)
-    trial.set_user_attr("outcome", out.stored())
+    write_trial(trial, outcome=out)
     if failed:
         study.tell(trial, state=TrialState.PRUNED)
     else:
@@ -207,7 +208,7 @@ SPACE = build_space(CPU, 1000, context=4096)
 def test_seed_strategy_walks_the_chunk_ladder_and_stops_at_preemptions():
     strategy = SeedStrategy(SPACE, budget=10, seed=0, constrained=False)
     study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
-    study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    StudyRecord(study).enqueue({}, TrialRecord(role="default", planned={}))
     _tell(study, 5.0)
     assert strategy.plan_next(study)
     first = _tell(study, 6.0)
@@ -224,7 +225,7 @@ def test_seed_strategy_walks_the_chunk_ladder_and_stops_at_preemptions():
 def test_seed_strategy_tries_enforce_eager_only_after_an_oom():
     strategy = SeedStrategy(SPACE, budget=50, seed=0, constrained=False)
     study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
-    study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    StudyRecord(study).enqueue({}, TrialRecord(role="default", planned={}))
     _tell(study, 5.0)
     configs = []
     while strategy.plan_next(study) and len(configs) < 40:
@@ -254,4 +255,4 @@ def test_optuna_starts_from_the_procedures_first_rung():
     assert first["enable_chunked_prefill"] is True and first["max_num_batched_tokens"] == 512
     assert first["max_num_seqs"] == 128 and first["cpu_kvcache_space_gib"] == 1
     strategy.plan_next(study)
-    assert study.ask().user_attrs.get("role") != "anchor"  # only once
+    assert read_trial(study.ask()).role != "anchor"  # only once

@@ -8,23 +8,21 @@ import math
 from pathlib import Path
 from typing import Any
 
-import optuna
 import yaml
-from optuna.trial import FrozenTrial, TrialState
 
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
-from servetune.study import measured, outcome
+from servetune.record import RecordedTrial, StudyMeta, StudyRecord
 from servetune.workload.fit import refused_beyond
 
 
-def trial_row(t: FrozenTrial) -> dict:
+def trial_row(t: RecordedTrial) -> dict:
     """A measured trial as one row of trials.csv and of the report's table."""
-    out = outcome(t)
+    out = t.outcome
     startup = out.startup
     return {
-        "trial": t.number, "role": t.user_attrs.get("role", "search"), "status": str(out.status),
+        "trial": t.number, "role": t.record.role, "status": str(out.status),
         "config": out.config, "goodput_rate": out.goodput_rate,
         "goodput_bracket": list(out.goodput_bracket) if out.goodput_bracket else None,
         "request_throughput": out.request_throughput, "p99_ttft_ms": out.p99_ttft_ms,
@@ -32,24 +30,23 @@ def trial_row(t: FrozenTrial) -> dict:
         "kv_cache_tokens": startup.kv_cache_tokens if startup else None,
         "ready_s": startup.ready_s if startup else None,
         "failure": str(out.failure) if out.failure else None,
-        "rejected_requests": out.rejected_requests, "why": t.user_attrs.get("why"),
-        "value": t.value if t.state == TrialState.COMPLETE else None,
+        "rejected_requests": out.rejected_requests, "why": t.record.why, "value": t.objective_value,
     }
 
 
-def budget_spent(study: optuna.Study) -> list[dict]:
+def budget_spent(trials: list[RecordedTrial]) -> list[dict]:
     """Where the budget went and why: every launched trial (why it was proposed, what it measured) and every
     proposal skipped before launching (why), in order."""
     entries = []
-    for t in study.get_trials(deepcopy=False):
-        if "skipped" in t.user_attrs:
-            entries.append({"trial": t.number, "launched": False, "why": t.user_attrs.get("why") or "TPE's proposal",
-                            "config": t.params, "result": f"skipped: {t.user_attrs['skipped']}"})
-        elif (out := outcome(t)) is not None:
+    for t in trials:
+        if t.record.skipped is not None:
+            entries.append({"trial": t.number, "launched": False, "why": t.record.why or "TPE's proposal",
+                            "config": t.params, "result": f"skipped: {t.record.skipped}"})
+        elif (out := t.outcome) is not None:
             result = (f"failed ({out.failure.kind}): {out.failure.reason}" if not out.ok
                       else f"goodput {out.goodput_rate:.2f} {out.rate_unit}" if out.goodput_rate is not None
                       else f"throughput {out.request_throughput:.2f} req/s")
-            entries.append({"trial": t.number, "launched": True, "why": t.user_attrs.get("why"),
+            entries.append({"trial": t.number, "launched": True, "why": t.record.why,
                             "config": out.config, "result": result})
     return entries
 
@@ -92,56 +89,56 @@ def vllm_config_yaml(model: str, config: dict, comment: str | None = None) -> st
     return (f"# {comment}\n" if comment else "") + yaml.safe_dump(flags, sort_keys=False)
 
 
-def headroom(meta: dict, config: dict, reason: str | None) -> dict | None:
+def headroom(meta: StudyMeta, config: dict, reason: str | None) -> dict | None:
     """What a config launched with a max-model-len below the model's context refuses (summary.json
     `headroom`): its max-model-len, the context, why it was tightened (`reason`, the trial's
     `model_len_reason`) and the comment best.yaml and the report carry. None when the config launches with
     the model's context (no max-model-len, or one at least the context)."""
     mml = config.get("max_model_len")
-    bounds = meta.get("model_len") or {}  # workload.fit.ModelLenBounds; absent in studies made before it
-    context = bounds.get("context") or meta["space"].get("context") or 0
+    context = meta.context
     if mml is None or (context and mml >= context):
         return None
     why = reason or "sized to the workload's longest request"
-    refused = refused_beyond(mml, bounds.get("max_chars_per_token") or 0, meta["vllm_version"])
+    refused = refused_beyond(mml, meta.max_chars_per_token, meta.vllm_version)
     known = f"the model's context is {context}" if context else "the model's context is unknown"
     return {"max_model_len": mml, "context": context or None, "reason": why,
             "comment": f"max-model-len {mml} ({known}; tightened because {why}): {refused}"}
 
 
-def summary(study: optuna.Study, rows: list[dict] | None = None) -> dict:
+def summary(record: StudyRecord, rows: list[dict] | None = None) -> dict:
     """The study's recommendation (summary.json): the tune's state, the defaults and the best config (the
     head-to-head's recommendation when there was one), whether and by how much it beats them, the rate it
     holds, where the budget went and what was not done. `rows`: the study's `trial_row`s, when the caller
     has them."""
-    meta = study.user_attrs["meta"]
-    rows = [trial_row(t) for t in measured(study)] if rows is None else rows
-    default, best, significant = choose_best(rows, meta["objective"])
+    meta, trials = record.meta, record.trials()
+    rows = [trial_row(t) for t in trials if t.measured] if rows is None else rows
+    default, best, significant = choose_best(rows, meta.objective)
     gain = (best["value"] / default["value"] - 1) if best and default and default["value"] else None
-    confirmation = study.user_attrs.get("confirmation")
+    confirmation = record.confirmation
     if confirmation is not None:  # the head-to-head's recommendation replaces the search's
-        best = next(r for r in rows if r["trial"] == confirmation["recommended_trial"])
-        significant = confirmation["verdict"] == "confirmed"
-        held, base = confirmation["recommended_goodput_rate"], confirmation["default_goodput_rate"]
+        best = next(r for r in rows if r["trial"] == confirmation.recommended_trial)
+        significant = confirmation.confirmed
+        held, base = confirmation.recommended_goodput_rate, confirmation.default_goodput_rate
         gain = held / base - 1 if significant and held and base else (0.0 if best is default else None)
-    progress = study.user_attrs.get("progress") or {}
+    progress = record.progress
     result = {
-        "state": progress.get("state", "complete"), "not_done": progress.get("not_done", []),
-        "time_limit_s": progress.get("time_limit_s"), "elapsed_s": progress.get("elapsed_s"),
-        "objective": meta["objective"], "slo": meta["slo"],
-        "confidence": meta.get("levels", {}).get("confidence"),  # of each level's verdict (None: point p99s)
-        "rate_unit": "x trace speed" if meta["workload"].get("trace") else "req/s",  # a trace's rates are speed-ups
+        "state": progress.state, "not_done": progress.not_done,
+        "time_limit_s": progress.time_limit_s, "elapsed_s": progress.elapsed_s,
+        "objective": meta.objective, "slo": meta.slo,
+        "confidence": meta.confidence,  # of each level's verdict (None: point p99s)
+        "rate_unit": meta.rate_unit,  # a trace's rates are speed-ups
         "default": _summary_entry(default), "best": _summary_entry(best),
-        "best_beats_default": significant, "gain": gain, "confirmation": confirmation,
-        "budget": budget_spent(study),
+        "best_beats_default": significant, "gain": gain,
+        "confirmation": confirmation.stored() if confirmation is not None else None,
+        "budget": budget_spent(trials),
         "trials": len(rows), "failed": sum(r["status"] != "ok" for r in rows),
-        "skipped": sum(1 for t in study.get_trials(deepcopy=False) if "skipped" in t.user_attrs),
-        "model": meta["model"], "strategy": meta["strategy"], "vllm_version": meta["vllm_version"],
-        "device": meta["device"],
+        "skipped": sum(1 for t in trials if t.record.skipped is not None),
+        "model": meta.model, "strategy": meta.strategy, "vllm_version": meta.vllm_version,
+        "device": meta.device,
     }
     if best is not None:
-        result["best_command"] = serve_command(meta["model"], best["config"])
-        reason = study.get_trials(deepcopy=False)[best["trial"]].user_attrs.get("model_len_reason")
+        result["best_command"] = serve_command(meta.model, best["config"])
+        reason = trials[best["trial"]].record.model_len_reason
         result["headroom"] = headroom(meta, best["config"], reason)
     return result | {"answer": answer(result, rows)}
 
@@ -193,11 +190,11 @@ def _sentence(prefix: str, text: str) -> str:
     return prefix + text if prefix else text[0].upper() + text[1:]
 
 
-def write_outputs(study: optuna.Study, out: Path) -> dict:
+def write_outputs(record: StudyRecord, out: Path) -> dict:
     """best.yaml, best_command.sh, trials.csv and summary.json under `out`, each written whole; returns the
     summary."""
-    rows = [trial_row(t) for t in measured(study)]
-    result = summary(study, rows)
+    rows = [trial_row(t) for t in record.measured()]
+    result = summary(record, rows)
     if result["best"] is not None:
         comment = (result.get("headroom") or {}).get("comment")
         write_atomic(out / "best.yaml", vllm_config_yaml(result["model"], result["best"]["config"], comment))

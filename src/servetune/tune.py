@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from servetune import __version__
 from servetune.confirm import candidates_of, decide, deciding_level, head_to_head_job, run_head_to_head
@@ -29,8 +29,9 @@ from servetune.search.objective import SLO_METRICS
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import Strategy, make_strategy, suggest
-from servetune.study import (StudyLock, check_storage, default_storage, measured, open_study, outcome, requeue,
-                             trial_dir)
+from servetune.record import (HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, read_trial,
+                              write_trial)
+from servetune.study import StudyLock, check_storage, default_storage, open_study, trial_dir
 from servetune.timelimit import TimePlan, duration
 from servetune.trial import LevelOptions, TrialPlan
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
@@ -185,7 +186,7 @@ class Proposer:
     not start, that the executor cannot place, or that was measured already. A skip is told PRUNED and
     costs no budget."""
 
-    study: optuna.Study
+    record: StudyRecord
     strategy: Strategy
     space: SearchSpace
     plan: TrialPlan
@@ -207,28 +208,31 @@ class Proposer:
         if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
             space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
                                 space.max_model_len, space.context)
-        meta = {"model": opts.model, "workload": opts.workload.model_dump(mode="json"), "slo": opts.slo,
-                "objective": opts.objective, "strategy": opts.strategy, "budget": opts.budget,
-                "space": space.to_dict(), "model_len": model_len.model_dump(),
-                "user_engine_args": opts.engine_args, "servetune_version": __version__,
-                "vllm_version": vllm.version, "device": vllm.device_type, "out": str(opts.out.resolve()),
-                "levels": asdict(opts.levels), "seed": opts.seed, "references": opts.references,
-                "optional_knobs": list(opts.optional_knobs), "tokenizer": opts.tokenizer, "confirm": opts.confirm,
-                "min_model_len": opts.min_model_len}
+        meta = StudyMeta(
+            model=opts.model, workload=opts.workload.model_dump(mode="json"), slo=opts.slo, objective=opts.objective,
+            strategy=opts.strategy, budget=opts.budget, space=space.to_dict(), model_len=model_len.model_dump(),
+            user_engine_args=opts.engine_args, servetune_version=__version__, vllm_version=vllm.version,
+            device=vllm.device_type, out=str(opts.out.resolve()), levels=asdict(opts.levels), seed=opts.seed,
+            references=opts.references, optional_knobs=list(opts.optional_knobs), tokenizer=opts.tokenizer,
+            confirm=opts.confirm, min_model_len=opts.min_model_len)
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == "throughput" and bool(opts.slo), slo=tuple(opts.slo))
-        study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
-        if memory is not None and _launches(study):  # resumed: refit on the launches already made
-            memory.observe(_launches(study))
-        roles = [t.user_attrs.get("role") for t in study.get_trials(deepcopy=False)]
+        record = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
+        if memory is not None and _launches(record):  # resumed: refit on the launches already made
+            memory.observe(_launches(record))
+        roles = {t.record.role for t in record.trials()}
         if "default" not in roles:
-            study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+            record.enqueue({}, TrialRecord(role="default", planned={}))
         for i, reference in enumerate(opts.references):
             if f"reference-{i}" not in roles:
-                study.enqueue_trial({}, user_attrs={"role": f"reference-{i}", "planned": {}, "reference": reference})
+                record.enqueue({}, TrialRecord(role=f"reference-{i}", planned={}, reference=reference))
         plan = TrialPlan(opts.model, opts.workload, opts.slo, opts.objective, sets, opts.levels)
-        return cls(study, strategy, space, plan, opts, memory, vllm, executor.misfit,
+        return cls(record, strategy, space, plan, opts, memory, vllm, executor.misfit,
                    int(statistics.median(r.prompt_len for r in sets[0])))
+
+    @property
+    def study(self) -> optuna.Study:
+        return self.record.study
 
     def next(self) -> Launch | Skip | None:
         """The next launch, the next proposal skipped, or None when the strategy has nothing to propose now."""
@@ -236,7 +240,8 @@ class Proposer:
         if not waiting and not self.strategy.plan_next(self.study):
             return None
         trial = self.study.ask()
-        role, reference = trial.user_attrs.get("role"), trial.user_attrs.get("reference")
+        asked = read_trial(trial)
+        role, reference = asked.role, asked.reference
         given = role == "default" or reference is not None  # measured as given: no constraint or memory choices
         if reference is not None:
             config = {**self.opts.engine_args, **reference}
@@ -247,17 +252,17 @@ class Proposer:
         reason = reason or self.misfit(job)
         twin = None if given or reason else self._twin(trial, config)
         if reason is not None or twin is not None:
-            trial.set_user_attr("skipped", reason or f"same config as trial {twin.number}")
+            write_trial(trial, skipped=reason or f"same config as trial {twin.number}")
             self.study.tell(trial, state=TrialState.PRUNED)
             return Skip(trial.number, config, reason or "duplicate", duplicate=reason is None)
-        trial.set_user_attr("config_requested", config)
+        write_trial(trial, config_requested=config)
         if tightened := ("given with --reference-config" if "max_model_len" in (reference or {})
                          else self.space.model_len_reason(config)):
-            trial.set_user_attr("model_len_reason", tightened)  # below the model's context: why
-        if "why" not in trial.user_attrs:
-            trial.set_user_attr("why", "vLLM's defaults: the baseline" if role == "default"
-                                else "given with --reference-config" if reference is not None
-                                else "TPE's proposal" if self.opts.strategy == "optuna" else "the grid's next point")
+            write_trial(trial, model_len_reason=tightened)  # below the model's context: why
+        if asked.why is None:
+            write_trial(trial, why="vLLM's defaults: the baseline" if role == "default"
+                        else "given with --reference-config" if reference is not None
+                        else "TPE's proposal" if self.opts.strategy == "optuna" else "the grid's next point")
         return Launch(job, trial)
 
     def _refusal(self, config: dict[str, Any]) -> str | None:
@@ -265,7 +270,7 @@ class Proposer:
         cannot hold the model's context) and its gpu_memory_utilization (the memory model's choices)."""
         if reason := self.space.violation(config):
             return reason
-        speed = prefill_speed((t.number, out) for t in measured(self.study) if (out := outcome(t)).ok)
+        speed = prefill_speed((t.number, t.outcome) for t in self.record.measured() if t.outcome.ok)
         if reason := ruled_out(config, self.opts.slo, speed, self.typical_prompt):
             return reason
         if self.memory is None:
@@ -276,11 +281,11 @@ class Proposer:
         misfit = self.memory.misfit(config) if config.get("gpu_memory_utilization", 1) else "no utilization fits"
         return f"predicted not to start: {misfit}" if misfit else None
 
-    def _twin(self, trial: optuna.Trial, config: dict) -> FrozenTrial | None:
+    def _twin(self, trial: optuna.Trial, config: dict) -> RecordedTrial | None:
         """A trial measured or running with the same config."""
-        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        for t in [*measured(self.study), *running]:
-            if t.number != trial.number and t.user_attrs.get("config_requested") == config:
+        record = self.record
+        for t in [*record.measured(), *record.trials((TrialState.RUNNING,))]:
+            if t.number != trial.number and t.record.config_requested == config:
                 return t
         return None
 
@@ -297,30 +302,30 @@ class Tuner:
 
     def publish(self, state: str) -> dict:
         """Record the tune's state in the study and write every output again; returns the summary."""
-        study, opts = self.proposer.study, self.proposer.opts
-        study.set_user_attr("progress", {"state": state, "not_done": self.not_done, "time_limit_s": opts.time_limit_s,
-                                         "elapsed_s": round(self.clock.elapsed(), 1)})
+        record, opts = self.proposer.record, self.proposer.opts
+        record.write_progress(Progress(state=state, not_done=self.not_done, time_limit_s=opts.time_limit_s,
+                                                     elapsed_s=round(self.clock.elapsed(), 1)))
         try:
             write_report(opts.storage or default_storage(opts.out), opts.out)
         except OSError as e:  # the study keeps everything: `servetune report` writes them later
             self.hooks.note(f"could not write the outputs in {opts.out}: {e}")
-        return summary(study)
+        return summary(record)
 
     def search(self) -> None:
         """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
         were launched or the next trial no longer fits the time limit; tell the study each outcome as it
         returns and write the outputs."""
-        study, budget, clock = self.proposer.study, self.proposer.opts.budget, self.clock
+        record, budget, clock = self.proposer.record, self.proposer.opts.budget, self.clock
         running: dict[Future, Launch] = {}
         held: Launch | None = None  # proposed, waiting for devices to free up
         announced = None  # the held trial's number once told to the hooks
         skipped = lost_in_a_row = 0
         if clock.deadline is not None:
-            self.hooks.note(clock.describe(_best_rate(study), budget - len(measured(study))))
+            self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured())))
         while True:
-            left = budget - len(measured(study)) - len(running)
+            left = budget - len(record.measured()) - len(running)
             if held is None and len(running) < self.executor.slots and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
-                if not clock.can_launch(_best_rate(study)):
+                if not clock.can_launch(_best_rate(record)):
                     if not running:
                         self._out_of_time(left)
                         return
@@ -333,10 +338,10 @@ class Tuner:
                         continue
                     held = proposal
             if held is not None and announced != held.job.number:  # before submit: `Inline` runs the trial in it
-                self.hooks.trial_started(held.job.number, held.job.config, held.trial.user_attrs.get("why", ""))
+                self.hooks.trial_started(held.job.number, held.job.config, read_trial(held.trial).why or "")
                 announced = held.job.number
             if held is not None:
-                job = replace(held.job, deadline=clock.trial_deadline(_best_rate(study), left))
+                job = replace(held.job, deadline=clock.trial_deadline(_best_rate(record), left))
                 if (future := self.executor.submit(job)) is not None:
                     skipped = 0
                     running[future], held = replace(held, job=job), None
@@ -352,7 +357,7 @@ class Tuner:
                                       "their configs are queued: fix the cause and continue with --resume")
             self.publish("running")
             if clock.deadline is not None:
-                self.hooks.note(clock.describe(_best_rate(study), budget - len(measured(study)) - len(running)))
+                self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured()) - len(running)))
 
     def _out_of_time(self, left: int) -> None:
         budget = self.proposer.opts.budget
@@ -364,16 +369,16 @@ class Tuner:
         """Tell the study a finished trial's outcome. A trial whose worker died, or that the time limit stopped
         before it measured anything, is queued again; returns why a worker was lost."""
         proposer, hooks = self.proposer, self.hooks
-        study, job, trial = proposer.study, launch.job, launch.trial
+        record, job, trial = proposer.record, launch.job, launch.trial
         try:
             out: TrialOutcome = future.result()
         except WorkerLost as e:
-            requeue(study, study.get_trials(deepcopy=False)[job.number], f"worker lost: {e}")
+            record.requeue(record.trial(job.number), f"worker lost: {e}")
             hooks.trial_lost(job.number, str(e))
             return str(e)
         self.clock.observe(out.wall_s, out.startup.ready_s if out.startup else None)
         if out.cut_short and not out.levels:
-            requeue(study, study.get_trials(deepcopy=False)[job.number], "stopped by the time limit")
+            record.requeue(record.trial(job.number), "stopped by the time limit")
             self.not_done.append(f"trial {job.number} was stopped by the time limit before it measured anything: "
                                  "queued for --resume")
             hooks.trial_lost(job.number, "stopped by the time limit before it measured anything")
@@ -381,25 +386,26 @@ class Tuner:
         if out.cut_short:
             self.not_done.append(f"trial {job.number}'s rate search was cut short by the time limit")
         out = out.model_copy(update={"artifacts": str(job.out_dir.relative_to(proposer.opts.out))})
-        trial.set_user_attr("outcome", out.stored())
+        write_trial(trial, outcome=out)
         if proposer.memory is not None and out.startup and out.startup.kv_cache_tokens:
-            study.set_user_attr("calibration", proposer.memory.observe(_launches(study)).model_dump())
+            record.write_calibration(proposer.memory.observe(_launches(record)))
         if out.ok:
-            trial.set_user_attr("constraints", _constraints(out, proposer.opts.slo))
-            study.tell(trial, out.goodput_rate if proposer.opts.objective == "goodput" else out.request_throughput)
+            write_trial(trial, constraints=_constraints(out, proposer.opts.slo))
+            record.study.tell(trial, out.goodput_rate if proposer.opts.objective == "goodput" else out.request_throughput)
         else:
-            study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
+            record.study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
         hooks.trial_finished(job.number, out)
         return None
 
     def confirm(self, tokenizer) -> None:
         """The head-to-head (`servetune.confirm`): the defaults at the pick's goodput rate, stored in the study
         as its `confirmation`. A resumed study that measured nothing new keeps the confirmation it has."""
-        study, opts, plan = self.proposer.study, self.proposer.opts, self.proposer.plan
-        trials = len(measured(study))
-        if (study.user_attrs.get("confirmation") or {}).get("search_trials") == trials:
+        record, opts, plan = self.proposer.record, self.proposer.opts, self.proposer.plan
+        measured = record.measured()
+        trials = len(measured)
+        if (confirmation := record.confirmation) is not None and confirmation.search_trials == trials:
             return
-        rows = [trial_row(t) for t in measured(study)]
+        rows = [trial_row(t) for t in measured]
         default = next((r for r in rows if r["role"] == "default" and r["status"] == "ok"), None)
         if default is None:
             return
@@ -407,7 +413,7 @@ class Tuner:
         pick = candidates[0] if candidates else None
         head_to_head = pick_level = None
         if pick is not None:
-            pick_level = deciding_level(outcome(study.get_trials(deepcopy=False)[pick["trial"]]), pick["goodput_rate"])
+            pick_level = deciding_level(record.trial(pick["trial"]).outcome, pick["goodput_rate"])
             if self.clock.remaining() < self.clock.launch_s() + STOP_S_MIN:
                 self.not_done.append("the head-to-head with the defaults: the time limit came first")
             else:
@@ -419,23 +425,22 @@ class Tuner:
                     self.not_done.append("the head-to-head with the defaults: its worker was lost")
                 elif head_to_head.cut_short:
                     self.not_done.append("the head-to-head with the defaults was cut short by the time limit")
-        record = decide(pick, default, head_to_head, pick_level)
-        study.set_user_attr("confirmation", record | {"search_trials": trials})
+        decided = decide(pick, default, head_to_head, pick_level)
+        record.write_confirmation(HeadToHead.model_validate(decided | {"search_trials": trials}))
 
 
 STOP_S_MIN = 30.0  # the least time worth starting the head-to-head with, beyond a launch
 
 
-def _best_rate(study: optuna.Study) -> float | None:
+def _best_rate(record: StudyRecord) -> float | None:
     """The highest goodput rate measured so far (req/s): what a head-to-head would run at."""
-    rates = [o.goodput_rate for t in measured(study) if (o := outcome(t)).ok and o.goodput_rate]
+    rates = [t.outcome.goodput_rate for t in record.measured() if t.outcome.ok and t.outcome.goodput_rate]
     return max(rates, default=None)
 
 
-def _launches(study: optuna.Study) -> list[tuple[dict, int]]:
+def _launches(record: StudyRecord) -> list[tuple[dict, int]]:
     """(config as launched, logged KV cache tokens) of every launch that logged one."""
-    outcomes = [outcome(t) for t in study.get_trials(deepcopy=False) if "outcome" in t.user_attrs]
-    return [(o.config, o.startup.kv_cache_tokens) for o in outcomes if o.startup and o.startup.kv_cache_tokens]
+    return [(o.config, o.startup.kv_cache_tokens) for o in record.launches() if o.startup and o.startup.kv_cache_tokens]
 
 
 def _constraints(out: TrialOutcome, slo: dict[str, float]) -> list[float]:

@@ -15,16 +15,16 @@ def write_report(storage: str, out: Path) -> Path:
     """Write into `out` a self-contained report.html, its charts as PNGs, trials.json (every trial's full
     outcome), levels.csv (one row per load level) and tune's outputs (summary.json, trials.csv, best.yaml,
     best_command.sh). Returns the page's path."""
-    study = load_study(storage)
-    meta = study.user_attrs["meta"]
+    record = load_study(storage)
+    meta = record.stored_meta
     out.mkdir(parents=True, exist_ok=True)
-    summary = write_outputs(study, out)
-    trial_rows = rows(study)
-    write_trials_json(study, out / "trials.json")
+    summary = write_outputs(record, out)
+    trial_rows = rows(record)
+    write_trials_json(record, out / "trials.json")
     write_levels_csv(trial_rows, out / "levels.csv")
     default = (summary["default"] or {}).get("trial")
     best = (summary["best"] or {}).get("trial")
-    importance, note = importances(study)
+    importance, note = importances(record)
     figures = {
         "pareto": charts.pareto(trial_rows, default, best, meta["objective"], meta["slo"]),
         "load": charts.load_curves(trial_rows, default, best, meta["slo"]),
@@ -38,6 +38,6 @@ def write_report(storage: str, out: Path) -> Path:
     images = {name: charts.save(fig, out / f"{name}.png") for name, fig in figures.items() if fig is not None}
     files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "report.html")
     page = out / "report.html"
-    write_atomic(page, render(meta, summary, trial_rows, unmeasured(study), images, importance, note,
+    write_atomic(page, render(meta, summary, trial_rows, unmeasured(record), images, importance, note,
                            ["report.html", *files]))
     return page

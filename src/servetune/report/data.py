@@ -13,12 +13,13 @@ from optuna.trial import TrialState
 
 from servetune.jsonio import jsonable, write_atomic, write_json
 from servetune.results import trial_row
-from servetune.study import STUDY_NAME, StudyError, measured, outcome, sqlite_file, study_exists
+from servetune.record import StudyRecord
+from servetune.study import STUDY_NAME, StudyError, sqlite_file, study_exists
 
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with searched params before importances mean anything
 
 
-def load_study(storage: str) -> optuna.Study:
+def load_study(storage: str) -> StudyRecord:
     """The servetune study in `storage`; StudyError when there is none. Nothing is written into the storage
     before it is known to hold a servetune study (a missing or empty SQLite file stays as it is)."""
     path = sqlite_file(storage)
@@ -28,45 +29,44 @@ def load_study(storage: str) -> optuna.Study:
         raise StudyError(f"no servetune study in {storage}: the file is empty")
     if not study_exists(storage, read_only=True):
         raise StudyError(f"no servetune study in {storage}")
-    study = optuna.load_study(storage=storage, study_name=STUDY_NAME)
-    if "meta" not in study.user_attrs:
+    record = StudyRecord(optuna.load_study(storage=storage, study_name=STUDY_NAME))
+    if not record.has_meta:
         raise StudyError(f"the study in {storage} was not written by servetune tune (no meta)")
-    return study
+    return record
 
 
-def rows(study: optuna.Study) -> list[dict]:
+def rows(record: StudyRecord) -> list[dict]:
     """`results.trial_row` of every measured trial, plus its searched params, load levels (`LevelOutcome`s)
     and the path of a failed trial's server log."""
     result = []
-    out_dir = Path(study.user_attrs["meta"]["out"])
-    for t in measured(study):
-        out = outcome(t)
+    out_dir = Path(record.meta.out)
+    for t in record.measured():
+        out = t.outcome
         log = out.failure.log if out.failure else None
         result.append(trial_row(t) | {"params": t.params, "levels": out.levels,
                                       "log_path": str(out_dir / (out.artifacts or "") / log) if log else None})
     return result
 
 
-def unmeasured(study: optuna.Study) -> list[dict]:
+def unmeasured(record: StudyRecord) -> list[dict]:
     """Trials that never ran a server: skipped (infeasible or duplicate), interrupted, or still pending."""
-    done = {t.number for t in measured(study)}
     result = []
-    for t in study.get_trials(deepcopy=False):
-        if t.number in done:
+    for t in record.trials():
+        if t.measured:
             continue
-        if "skipped" in t.user_attrs:
-            reason = t.user_attrs["skipped"]
-        elif t.user_attrs.get("interrupted"):
+        if t.record.skipped is not None:
+            reason = t.record.skipped
+        elif t.record.interrupted:
             reason = "interrupted; queued again"
         else:
             reason = t.state.name.lower()
-        result.append({"trial": t.number, "role": t.user_attrs.get("role", "search"), "params": t.params,
-                       "reason": reason})
+        result.append({"trial": t.number, "role": t.record.role, "params": t.params, "reason": reason})
     return result
 
 
-def importances(study: optuna.Study) -> tuple[dict[str, float], str | None]:
+def importances(record: StudyRecord) -> tuple[dict[str, float], str | None]:
     """Optuna's parameter importances for the objective, and a note when they are missing or shaky."""
+    study = record.study
     searched = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.params]
     if len(searched) < MIN_IMPORTANCE_TRIALS:
         return {}, (f"Parameter importance needs at least {MIN_IMPORTANCE_TRIALS} completed searched trials; "
@@ -79,11 +79,9 @@ def importances(study: optuna.Study) -> tuple[dict[str, float], str | None]:
                     f"({shaky[0]}).") if shaky else None
 
 
-def write_trials_json(study: optuna.Study, path: Path) -> None:
-    """Every trial: number, state, params, value and all its user attributes (the full outcome)."""
-    trials = [{"trial": t.number, "state": t.state.name, "params": t.params, "value": t.value,
-               **t.user_attrs} for t in study.get_trials(deepcopy=False)]
-    write_json(path, {"meta": study.user_attrs.get("meta"), "trials": trials})
+def write_trials_json(record: StudyRecord, path: Path) -> None:
+    """Every trial: number, state, params, value and its whole record as stored (the full outcome)."""
+    write_json(path, {"meta": record.stored_meta, "trials": record.exported()})
 
 
 def write_levels_csv(trial_rows: list[dict], path: Path) -> None:

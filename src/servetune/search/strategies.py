@@ -5,11 +5,10 @@ choose. The search never launches anything: the tuner measures and tells the stu
 from typing import Any, Protocol
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from servetune.engine.logfacts import FailureKind
-from servetune.outcome import TrialOutcome
-
+from servetune.record import RecordedTrial, StudyRecord, TrialRecord, constraints_of, read_trial
 from servetune.search.space import SearchSpace
 
 STRATEGIES = ("seed", "grid", "optuna")
@@ -25,11 +24,7 @@ class Strategy(Protocol):
         ...
 
 
-def _outcome(t: FrozenTrial) -> TrialOutcome | None:
-    return TrialOutcome.read(t.user_attrs["outcome"]) if "outcome" in t.user_attrs else None
-
-
-def value_of(t: FrozenTrial) -> float:
+def value_of(t: RecordedTrial) -> float:
     return t.value if t.state == TrialState.COMPLETE and t.value is not None else float("-inf")
 
 
@@ -72,21 +67,22 @@ class OptunaStrategy:
         return optuna.samplers.TPESampler(
             seed=self.seed, multivariate=True, constant_liar=True,
             n_startup_trials=max(2, self.budget // 3),
-            constraints_func=(lambda t: t.user_attrs.get("constraints", [0.0])) if self.constrained else None,
+            constraints_func=constraints_of if self.constrained else None,
         )
 
     def plan_next(self, study: optuna.Study) -> bool:
-        trials = study.get_trials(deepcopy=False)
+        record = StudyRecord(study)
+        trials = record.trials()
         if self.ladder is not None:
             step = self.ladder.next(trials)
             if step is not None:
                 params, why = step
-                study.enqueue_trial(params, user_attrs={"role": "ladder", "planned": params, "why": why})
+                record.enqueue(params, TrialRecord(role="ladder", planned=params, why=why))
             return True
-        if not any(t.user_attrs.get("role") == "anchor" for t in trials):
+        if not any(t.record.role == "anchor" for t in trials):
             anchor = self.anchor()
-            study.enqueue_trial(anchor, user_attrs={"role": "anchor", "planned": anchor,
-                                                    "why": "the procedure's first rung (chunked prefill 512)"})
+            record.enqueue(anchor, TrialRecord(role="anchor", planned=anchor,
+                                               why="the procedure's first rung (chunked prefill 512)"))
         return True
 
 
@@ -112,9 +108,8 @@ class ChunkLadder:
         seqs = space.knob("max_num_seqs")
         return cls(base, chunks, start, seqs.choices if seqs is not None else ())
 
-    def next(self, trials: list[FrozenTrial]) -> tuple[dict[str, Any], str] | None:
-        rungs = {t.user_attrs["planned"].get("max_num_batched_tokens"): t for t in trials
-                 if t.user_attrs.get("role") == "ladder"}
+    def next(self, trials: list[RecordedTrial]) -> tuple[dict[str, Any], str] | None:
+        rungs = {t.record.planned.get("max_num_batched_tokens"): t for t in trials if t.record.role == "ladder"}
         if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in rungs.values()):
             return None  # a rung is queued or running: its result decides the next
         done = {chunk: value_of(t) for chunk, t in rungs.items()}
@@ -187,8 +182,8 @@ class SeedStrategy:
                 ladders.append((name, [{name: v} for v in knob.choices]))
         return ladders
 
-    def _history(self, study: optuna.Study) -> list[FrozenTrial]:
-        return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("role") in ("default", "seed")]
+    def _history(self, study: optuna.Study) -> list[RecordedTrial]:
+        return [t for t in StudyRecord(study).trials() if t.record.role in ("default", "seed")]
 
     def _next(self, study: optuna.Study) -> dict[str, Any] | None:
         history = self._history(study)
@@ -196,10 +191,10 @@ class SeedStrategy:
         done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         best = max(done, key=value_of, default=None)
         base = dict(best.params) if best is not None else {}
-        oom = any(out.failure.kind == FailureKind.OOM for t in done if (out := _outcome(t)) and out.failure)
+        oom = any(t.outcome.failure.kind == FailureKind.OOM for t in done if t.outcome and t.outcome.failure)
         ladders = self.steps + ([("enforce_eager", [{"enforce_eager": True}])] if oom else [])
         for ladder, steps in ladders:
-            ran = [t for t in done if t.user_attrs.get("ladder") == ladder]
+            ran = [t for t in done if t.record.ladder == ladder]
             if self._ladder_stopped(ran):
                 continue
             for step in steps:
@@ -210,11 +205,11 @@ class SeedStrategy:
         return None
 
     @staticmethod
-    def _ladder_stopped(ran: list[FrozenTrial]) -> bool:
+    def _ladder_stopped(ran: list[RecordedTrial]) -> bool:
         if not ran:
             return False
         last = ran[-1]
-        if last.state != TrialState.COMPLETE or (_outcome(last).preemptions or 0) > 0:
+        if last.state != TrialState.COMPLETE or (last.outcome.preemptions or 0) > 0:
             return True
         return len(ran) >= 2 and value_of(last) <= value_of(ran[-2])
 
@@ -222,9 +217,8 @@ class SeedStrategy:
         step = self._next(study)
         if step is None:
             return False
-        study.enqueue_trial(step["params"], user_attrs={"role": "seed", "ladder": step["ladder"],
-                                                        "planned": step["params"],
-                                                        "why": f"the procedure: {step['ladder']} ladder"})
+        StudyRecord(study).enqueue(step["params"], TrialRecord(role="seed", ladder=step["ladder"], planned=step["params"],
+                                                               why=f"the procedure: {step['ladder']} ladder"))
         return True
 
 
@@ -239,7 +233,7 @@ def make_strategy(name: str, space: SearchSpace, budget: int, seed: int, constra
 
 def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
     """The config of a searched trial: the knobs a queued trial planned, otherwise every knob sampled."""
-    planned = trial.user_attrs.get("planned")
+    planned = read_trial(trial).planned
     names = list(planned) if planned is not None else [k.name for k in space.knobs]
     params = {n: trial.suggest_categorical(n, list(space.knob(n).choices)) for n in names if space.knob(n)}
     return space.config(params)
