@@ -193,9 +193,9 @@ def test_a_gain_within_the_resolution_keeps_the_defaults(tmp_path):
 
 
 def test_pareto_front_keeps_the_configs_nothing_beats():
-    points = [{"trial": n, "value": v, "lat": lat} for n, v, lat in
+    points = [outcomes.row(n, value=v, p99_ttft_ms=lat) for n, v, lat in
               [(0, 5, 100), (1, 7, 120), (2, 6, 150), (3, 9, 300), (4, 9, 400), (5, 4, 90)]]
-    assert [p["trial"] for p in pareto_front(points, "lat")] == [5, 0, 1, 3]
+    assert [p.trial for p in pareto_front(points, "p99_ttft_ms")] == [5, 0, 1, 3]
 
 
 def test_report_needs_a_servetune_study(tmp_path):

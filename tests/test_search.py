@@ -169,8 +169,8 @@ def test_rate_search_stops_after_max_levels_and_when_nothing_passes():
 
 
 def _row(trial, role, value, bracket, status="ok"):
-    return {"trial": trial, "role": role, "status": status, "value": value, "goodput_rate": value,
-            "goodput_bracket": bracket, "request_throughput": value}
+    return outcomes.row(trial, role, status=status, value=value, goodput_rate=value, goodput_bracket=bracket,
+                        request_throughput=value)
 
 
 def test_best_must_beat_the_default_beyond_the_resolution():

@@ -91,7 +91,7 @@ def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_
     assert len(again) == 1 and again[0].state == TrialState.COMPLETE
     assert again[0].record.config_requested == lost.record.config_requested
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert len(complete) == 6 and summary["trials"] == 6
+    assert len(complete) == 6 and summary.trials == 6
     configs = [t.record.config_requested for t in complete]
     assert all(configs.count(c) == 1 for c in configs)  # none measured twice
     assert {t.record.role for t in complete} == {"default", "anchor", "search"}

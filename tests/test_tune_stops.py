@@ -107,11 +107,11 @@ def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(t
     executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0)
     summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=250), executor=executor)
     assert len(executor.jobs) == 1  # a 220 s trial and the head-to-head do not fit in what is left of 250 s
-    assert summary["state"] == "time-limit" and summary_of(tmp_path)["state"] == "time-limit"
-    assert "2 of 3 trials not launched" in summary["not_done"][0]
-    assert summary["best"]["trial"] == 0 and summary["confirmation"]["recommended_goodput_rate"] == 5.0
+    assert summary.state == "time-limit" and summary_of(tmp_path)["state"] == "time-limit"
+    assert "2 of 3 trials not launched" in summary.not_done[0]
+    assert summary.best.trial == 0 and summary.confirmation.recommended_goodput_rate == 5.0
     assert executor.jobs[0].deadline is not None  # the trial itself was given the time it could have
-    assert "At the time limit: run vLLM's defaults: it holds 5.00 req/s" in summary["answer"]
+    assert "At the time limit: run vLLM's defaults: it holds 5.00 req/s" in summary.answer
 
 
 def test_outputs_are_written_after_every_trial_and_an_interrupted_head_to_head_resumes(tiny_model, tmp_path):
@@ -130,8 +130,8 @@ def test_outputs_are_written_after_every_trial_and_an_interrupted_head_to_head_r
     summary = tune(options(tiny_model, tmp_path, budget=2, resume=True), executor=again)
     assert [bool(j.plan.fixed_levels) for j in again.jobs] == [True]  # only the head-to-head was left to do
     assert again.jobs[0].plan.fixed_levels[0][0] == 10.0  # the defaults at the pick's rate
-    assert summary["state"] == "complete" and summary["confirmation"]["verdict"] == "confirmed"
-    assert summary["best"]["trial"] == 1 and summary["gain"] == pytest.approx(1.0)
+    assert summary.state == "complete" and summary.confirmation.verdict == "confirmed"
+    assert summary.best.trial == 1 and summary.gain == pytest.approx(1.0)
     assert summary_of(tmp_path)["state"] == "complete"
 
 
@@ -145,7 +145,7 @@ def test_a_second_tuner_on_a_study_is_refused_naming_the_holder(tiny_model, tmp_
         assert not (out / "study.db").exists()  # refused before it touched the study
     finally:
         held.release()
-    assert tune(options(tiny_model, tmp_path, budget=1), executor=StandIn({0: 5.0}, out))["trials"] == 1
+    assert tune(options(tiny_model, tmp_path, budget=1), executor=StandIn({0: 5.0}, out)).trials == 1
     assert not (out / StudyLock.FILE).exists()  # released with the run
 
 
@@ -160,7 +160,7 @@ def test_resume_refuses_a_study_made_with_other_options(tiny_model, tmp_path):
         tune(levels, executor=StandIn({1: 6.0}, tmp_path / "out"))
     # the budget and the time limit may change
     more = options(tiny_model, tmp_path, budget=2, resume=True, confirm=False, time_limit_s=3600)
-    assert tune(more, executor=StandIn({0: 6.0}, tmp_path / "out"))["trials"] == 2
+    assert tune(more, executor=StandIn({0: 6.0}, tmp_path / "out")).trials == 2
 
 
 class Quiet(Hooks):

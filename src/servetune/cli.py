@@ -24,6 +24,7 @@ from servetune.jsonio import check_writable, jsonable, write_json_or_beside
 if TYPE_CHECKING:  # the commands import what they use when they run: `servetune --help` stays quick
     from servetune.metrics import LevelMetrics
     from servetune.outcome import TrialOutcome
+    from servetune.results import Summary
     from servetune.tune import TuneOptions
     from servetune.verify import VerifyPlan, VerifyResult
     from servetune.workload import WorkloadSpec
@@ -473,24 +474,23 @@ class TuneProgress:
         self.bar.refresh()
 
 
-def _result_table(summary: dict) -> Table:
-    table = Table(title=f"servetune tune: {summary['objective']} under {summary['slo'] or 'no SLO'}")
-    goodput = f"goodput rate ({summary.get('rate_unit', 'req/s')})"
+def _result_table(summary: "Summary") -> Table:
+    table = Table(title=f"servetune tune: {summary.objective} under {summary.slo or 'no SLO'}")
+    goodput = f"goodput rate ({summary.rate_unit})"
     for col in ("", goodput, "throughput (req/s)", "p99 TTFT (ms)", "p99 TPOT (ms)", "config"):
         table.add_column(col)
     from servetune.engine.args import to_argv
 
-    for name in ("default", "best"):
-        m = summary[name]
+    for name, m in (("default", summary.default), ("best", summary.best)):
         if m is None:
             continue
-        rate = "-" if m["goodput_rate"] is None else f"{m['goodput_rate']:.2f}"
-        table.add_row(f"{name} (trial {m['trial']})", rate, f"{m['request_throughput']:.2f}",
-                      f"{m['p99_ttft_ms']:.1f}", f"{m['p99_tpot_ms']:.2f}", " ".join(to_argv(m["config"])) or "-")
+        rate = "-" if m.goodput_rate is None else f"{m.goodput_rate:.2f}"
+        table.add_row(f"{name} (trial {m.trial})", rate, f"{m.request_throughput:.2f}",
+                      f"{m.p99_ttft_ms:.1f}", f"{m.p99_tpot_ms:.2f}", " ".join(to_argv(m.config)) or "-")
     return table
 
 
-def _tune(opts: "TuneOptions") -> dict:
+def _tune(opts: "TuneOptions") -> "Summary":
     from servetune.executors import runs_inline
     from servetune.tune import tune as run_tune
 
@@ -501,9 +501,9 @@ def _tune(opts: "TuneOptions") -> dict:
         if bar.live.is_started:
             bar.stop()
     console.print(_result_table(summary))
-    console.print(f"{summary['answer']}\nreport: {opts.out / 'report.html'}", highlight=False)
-    if summary["best"] is not None:
-        console.print(f"run it: {summary['best_command']}\noutputs: {opts.out}/ (state: {summary['state']})",
+    console.print(f"{summary.answer}\nreport: {opts.out / 'report.html'}", highlight=False)
+    if summary.best is not None:
+        console.print(f"run it: {summary.best_command}\noutputs: {opts.out}/ (state: {summary.state})",
                       highlight=False)
     return summary
 

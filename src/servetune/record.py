@@ -49,26 +49,18 @@ class _Stored(BaseModel):
         return (type(self) is type(other) and self.__dict__ == other.__dict__
                 and self.__pydantic_extra__ == other.__pydantic_extra__)
 
-    def stored(self) -> dict[str, Any]:
-        """The record as it is stored: the fields set (in the order read, else declared) and unknown ones."""
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler) -> dict[str, Any]:
+        """The fields set (in the order read, else declared) and unknown ones: a record dumps as it is stored."""
+        data = handler(self)
         given = [*self.model_fields_set, *(self.model_extra or {})]
         keys = [k for k in self._keys if k in given] + [k for k in type(self).model_fields if k in given
                                                        and k not in self._keys]
-        keys += [k for k in given if k not in keys]
-        return {k: _plain(getattr(self, k)) for k in keys}
+        return {k: data[k] for k in keys + [k for k in given if k not in keys] if k in data}
 
-
-def _plain(value: Any) -> Any:
-    """A value as Optuna stores it: models as their dumps (an outcome keeps its enums as text, inf as a float)."""
-    if isinstance(value, _Stored):
-        return value.stored()
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="python")
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+    def stored(self) -> dict[str, Any]:
+        """The record as Optuna keeps it (JSON): an outcome's enums as text, inf as a float."""
+        return self.model_dump(mode="python")
 
 
 class TrialRecord(_Stored):
@@ -217,10 +209,6 @@ class LevelRecord(_Stored):
     tests: list[SloTest] | None = None
     p99: dict[str, float] | None = None
 
-    @model_serializer(mode="wrap")
-    def _leave_out_none(self, handler) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
-
 
 class HeadToHead(_Stored):
     """The head-to-head (`confirm.decide`): the pick's deciding level, the defaults' level at the pick's rate, the
@@ -346,7 +334,7 @@ class StudyRecord:
         interrupted = dict(self.study.user_attrs.get(_INTERRUPTED) or {})
         self.study.set_user_attr(_INTERRUPTED, interrupted | {str(trial.number): why})
         self.study.tell(trial.number, state=TrialState.FAIL)
-        kept = trial.record.model_dump(include={"role", "ladder", "reference", "why"}, exclude_unset=True)
+        kept = trial.record.model_dump(include={"role", "ladder", "reference", "why"})
         planned = trial.record.planned if trial.record.planned is not None else trial.params
         self.enqueue(trial.params, TrialRecord.model_validate(kept | {"planned": planned}))
 

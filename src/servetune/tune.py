@@ -22,14 +22,14 @@ from servetune.executors import Executor, Job, WorkerError, WorkerLost, make_exe
 from servetune.jsonio import check_writable
 from servetune.memory import ModelShape
 from servetune.outcome import TrialOutcome
-from servetune.report import write_report
-from servetune.results import beats, summary, trial_row
+from servetune.report import publish
+from servetune.results import Results, Summary, beats, trial_row
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.objective import SLO_METRICS
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import Strategy, make_strategy, suggest
-from servetune.record import (HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, read_trial,
+from servetune.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, read_trial,
                               write_trial)
 from servetune.study import StudyLock, check_storage, default_storage, open_study, trial_dir
 from servetune.timelimit import TimePlan, duration
@@ -89,10 +89,10 @@ class Hooks:
     def note(self, text: str) -> None: ...  # the time plan, a stop
 
 
-def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = None) -> dict:
+def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = None) -> Summary:
     """Run (or resume) a study until `budget` servers were launched or the time limit leaves no room for
-    another, then the head-to-head; returns the summary (`results.summary`), written with the other outputs
-    (`report.write_report`) after every trial and at the end. With `parallel` > 1 or a `ray_address`, several
+    another, then the head-to-head; returns the summary (`results.Summary`), written with the other outputs
+    (`report.publish`) after every trial and at the end. With `parallel` > 1 or a `ray_address`, several
     trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one those
     options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`) the outputs are written with
     state `interrupted` and the exception goes on."""
@@ -300,16 +300,18 @@ class Tuner:
     clock: TimePlan
     not_done: list[str] = field(default_factory=list)  # what the time limit (or a stop) left undone
 
-    def publish(self, state: str) -> dict:
-        """Record the tune's state in the study and write every output again; returns the summary."""
+    def publish(self, state: str) -> Summary:
+        """Record the tune's state in the study, read its results once and write every output from them;
+        returns the summary."""
         record, opts = self.proposer.record, self.proposer.opts
         record.write_progress(Progress(state=state, not_done=self.not_done, time_limit_s=opts.time_limit_s,
-                                                     elapsed_s=round(self.clock.elapsed(), 1)))
+                                       elapsed_s=round(self.clock.elapsed(), 1)))
+        results = Results(record)
         try:
-            write_report(opts.storage or default_storage(opts.out), opts.out)
+            publish(results, opts.out)
         except OSError as e:  # the study keeps everything: `servetune report` writes them later
             self.hooks.note(f"could not write the outputs in {opts.out}: {e}")
-        return summary(record)
+        return results.summary
 
     def search(self) -> None:
         """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
@@ -406,27 +408,27 @@ class Tuner:
         if (confirmation := record.confirmation) is not None and confirmation.search_trials == trials:
             return
         rows = [trial_row(t) for t in measured]
-        default = next((r for r in rows if r["role"] == "default" and r["status"] == "ok"), None)
+        default = next((r for r in rows if r.role == "default" and r.ok), None)
         if default is None:
             return
         candidates = candidates_of(rows, default, lambda row, base: beats(row, base, "goodput"))
         pick = candidates[0] if candidates else None
         head_to_head = pick_level = None
         if pick is not None:
-            pick_level = deciding_level(record.trial(pick["trial"]).outcome, pick["goodput_rate"])
+            pick_level = deciding_level(record.trial(pick.trial).outcome, pick.goodput_rate)
             if self.clock.remaining() < self.clock.launch_s() + STOP_S_MIN:
                 self.not_done.append("the head-to-head with the defaults: the time limit came first")
             else:
                 level_set = build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
                                            count=plan.levels.requests + plan.levels.warmup_requests)
-                job = head_to_head_job(default, pick["goodput_rate"], plan, level_set, opts.out, self.clock.deadline)
+                job = head_to_head_job(default, pick.goodput_rate, plan, level_set, opts.out, self.clock.deadline)
                 head_to_head = run_head_to_head(job, self.executor, self.hooks)
                 if head_to_head is None:
                     self.not_done.append("the head-to-head with the defaults: its worker was lost")
                 elif head_to_head.cut_short:
                     self.not_done.append("the head-to-head with the defaults was cut short by the time limit")
         decided = decide(pick, default, head_to_head, pick_level)
-        record.write_confirmation(HeadToHead.model_validate(decided | {"search_trials": trials}))
+        record.write_confirmation(decided.model_copy(update={"search_trials": trials}))
 
 
 STOP_S_MIN = 30.0  # the least time worth starting the head-to-head with, beyond a launch

@@ -1,5 +1,5 @@
-"""What the report shows, read from a finished study: one row per measured trial, the trials never measured,
-parameter importances, and the JSON/CSV exports."""
+"""What the report reads from a study beside its results (`servetune.results`): the study itself, parameter
+importances, and the JSON/CSV exports."""
 
 import csv
 import io
@@ -12,8 +12,8 @@ import optuna
 from optuna.trial import TrialState
 
 from servetune.jsonio import jsonable, write_atomic, write_json
-from servetune.results import trial_row
 from servetune.record import StudyRecord
+from servetune.results import TrialRow
 from servetune.study import STUDY_NAME, StudyError, sqlite_file, study_exists
 
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with searched params before importances mean anything
@@ -33,35 +33,6 @@ def load_study(storage: str) -> StudyRecord:
     if not record.has_meta:
         raise StudyError(f"the study in {storage} was not written by servetune tune (no meta)")
     return record
-
-
-def rows(record: StudyRecord) -> list[dict]:
-    """`results.trial_row` of every measured trial, plus its searched params, load levels (`LevelOutcome`s)
-    and the path of a failed trial's server log."""
-    result = []
-    out_dir = Path(record.meta.out)
-    for t in record.measured():
-        out = t.outcome
-        log = out.failure.log if out.failure else None
-        result.append(trial_row(t) | {"params": t.params, "levels": out.levels,
-                                      "log_path": str(out_dir / (out.artifacts or "") / log) if log else None})
-    return result
-
-
-def unmeasured(record: StudyRecord) -> list[dict]:
-    """Trials that never ran a server: skipped (infeasible or duplicate), interrupted, or still pending."""
-    result = []
-    for t in record.trials():
-        if t.measured:
-            continue
-        if t.record.skipped is not None:
-            reason = t.record.skipped
-        elif t.record.interrupted:
-            reason = "interrupted; queued again"
-        else:
-            reason = t.state.name.lower()
-        result.append({"trial": t.number, "role": t.record.role, "params": t.params, "reason": reason})
-    return result
 
 
 def importances(record: StudyRecord) -> tuple[dict[str, float], str | None]:
@@ -84,13 +55,13 @@ def write_trials_json(record: StudyRecord, path: Path) -> None:
     write_json(path, {"meta": record.stored_meta, "trials": record.exported()})
 
 
-def write_levels_csv(trial_rows: list[dict], path: Path) -> None:
+def write_levels_csv(trial_rows: list[TrialRow], path: Path) -> None:
     """One row per load level of every measured trial: its verdict, every metric and the server's counters."""
     table = []
     for row in trial_rows:
-        for index, level in enumerate(row["levels"]):
+        for index, level in enumerate(row.levels):
             entry: dict[str, Any] = {
-                "trial": row["trial"], "role": row["role"], "level": index, "name": str(level.name),
+                "trial": row.trial, "role": row.role, "level": index, "name": str(level.name),
                 "rate": level.rate, "verdict": str(level.verdict), "passed": level.passed,
                 "reasons": "; ".join(level.reasons), "stopped": level.stopped,
             }
