@@ -461,6 +461,9 @@ class TuneProgress:
             console.print(f"  the defaults at {level.rate:.2f} req/s: {level.verdict}"
                           + (f" ({'; '.join(level.reasons[:2])})" if level.reasons else ""), highlight=False)
 
+    def confirm_lost(self, number: int, reason: str) -> None:
+        console.print(f"  head-to-head: its worker was lost ({reason}); it runs again", highlight=False)
+
     def note(self, text: str) -> None:
         console.print(text, highlight=False)
 
@@ -509,7 +512,7 @@ def _tune(opts: "TuneOptions") -> "Summary":
 
 
 def _tune_guarded(opts: "TuneOptions") -> None:
-    from servetune.executors import WorkerError
+    from servetune.executors import WorkerError, WorkerLost
     from servetune.interrupt import exit_code, handle_signals
 
     handle_signals()
@@ -518,6 +521,8 @@ def _tune_guarded(opts: "TuneOptions") -> None:
             _tune(opts)
     except WorkerError as e:
         fail(str(e), code=1)
+    except WorkerLost as e:  # the tuner queues a lost trial again: one that escapes it is said in a line all the same
+        fail(f"a trial's worker was lost ({e}): continue with the same command and --resume", code=1)
     except KeyboardInterrupt as e:
         fail(f"interrupted ({e or 'SIGINT'}); no server is left running; the outputs in {opts.out} say what was "
              "measured (state: interrupted). Continue with the same command and --resume", code=exit_code(e))

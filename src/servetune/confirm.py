@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from servetune.executors import Executor, Job, WorkerLost
+from servetune.dispatch import Dispatch
+from servetune.executors import Job
 from servetune.outcome import LevelOutcome, TrialOutcome
 from servetune.record import HeadToHead, LevelRecord
 from servetune.results import TrialRow
@@ -93,13 +94,15 @@ def decide(pick: TrialRow | None, default: TrialRow | None, default_outcome: Tri
                   f"({'; '.join(level.reasons[:2])}): the gain is not shown"})
 
 
-def run_head_to_head(job: Job, executor: Executor, hooks: Any) -> TrialOutcome | None:
-    """Run the head-to-head job (the search is over: a slot is free); None when its worker was lost."""
+def run_head_to_head(job: Job, running: Dispatch, hooks: Any) -> TrialOutcome:
+    """Run the head-to-head job (the search is over: a slot is free), again when its worker is lost, as a search
+    trial is (`Dispatch.wait` gives up after a few in a row)."""
     hooks.confirm_started(job.number, job.config, [rate for rate, _ in job.plan.fixed_levels])
-    future = executor.submit(job)
-    try:
-        outcome = future.result()
-    except WorkerLost:
-        return None
-    hooks.confirm_finished(job.number, outcome)
-    return outcome
+    while True:
+        if not running.submit(job, job):
+            raise RuntimeError(f"the executor took no head-to-head with nothing else running: {job.config}")
+        for finished in running.wait():
+            if finished.outcome is not None:
+                hooks.confirm_finished(job.number, finished.outcome)
+                return finished.outcome
+            hooks.confirm_lost(job.number, finished.lost)

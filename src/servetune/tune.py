@@ -6,7 +6,6 @@ tune's state, so a run stopped at any moment leaves its best answer."""
 
 import statistics
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,8 @@ from servetune import __version__
 from servetune.confirm import candidates_of, decide, deciding_level, head_to_head_job, run_head_to_head
 from servetune.engine import InstalledVllm
 from servetune.errors import ServetuneError
-from servetune.executors import Executor, Job, WorkerError, WorkerLost, make_executor
+from servetune.dispatch import Dispatch, Finished
+from servetune.executors import Executor, Job, make_executor
 from servetune.jsonio import check_writable
 from servetune.memory import ModelShape
 from servetune.outcome import TrialOutcome
@@ -38,7 +38,6 @@ from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_t
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
-MAX_LOST_IN_A_ROW = 3  # trials whose worker died, one after another, before giving up
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,7 @@ class Hooks:
     def trial_skipped(self, number: int, config: dict, reason: str) -> None: ...
     def confirm_started(self, number: int, config: dict, rates: list[float]) -> None: ...
     def confirm_finished(self, number: int, out: TrialOutcome) -> None: ...
+    def confirm_lost(self, number: int, reason: str) -> None: ...  # the head-to-head runs again
     def level_started(self, name: str, rate: float, n: int) -> None: ...
     def record(self, record) -> None: ...
     def note(self, text: str) -> None: ...  # the time plan, a stop
@@ -106,7 +106,7 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
                                                              hooks.record)
         proposer = Proposer.open(opts, executor, sets, model_len)
         clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
-        tuner = Tuner(proposer, executor, hooks, clock)
+        tuner = Tuner(proposer, Dispatch(executor), hooks, clock)
         tuner.publish("running")
         tuner.search()
         if opts.confirm and opts.objective == "goodput":
@@ -295,7 +295,7 @@ class Tuner:
     """The search loop, the head-to-head and the outputs of one tune."""
 
     proposer: Proposer
-    executor: Executor
+    running: Dispatch  # the trials in flight on the executor
     hooks: Hooks
     clock: TimePlan
     not_done: list[str] = field(default_factory=list)  # what the time limit (or a stop) left undone
@@ -317,18 +317,17 @@ class Tuner:
         """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
         were launched or the next trial no longer fits the time limit; tell the study each outcome as it
         returns and write the outputs."""
-        record, budget, clock = self.proposer.record, self.proposer.opts.budget, self.clock
-        running: dict[Future, Launch] = {}
+        record, budget, clock, running = self.proposer.record, self.proposer.opts.budget, self.clock, self.running
         held: Launch | None = None  # proposed, waiting for devices to free up
         announced = None  # the held trial's number once told to the hooks
-        skipped = lost_in_a_row = 0
+        skipped = 0
         if clock.deadline is not None:
             self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured())))
         while True:
-            left = budget - len(record.measured()) - len(running)
-            if held is None and len(running) < self.executor.slots and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
+            left = budget - len(record.measured()) - len(running.running)
+            if held is None and running.free and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
                 if not clock.can_launch(_best_rate(record)):
-                    if not running:
+                    if not running.running:
                         self._out_of_time(left)
                         return
                 else:
@@ -343,23 +342,18 @@ class Tuner:
                 self.hooks.trial_started(held.job.number, held.job.config, read_trial(held.trial).why or "")
                 announced = held.job.number
             if held is not None:
-                job = replace(held.job, deadline=clock.trial_deadline(_best_rate(record), left))
-                if (future := self.executor.submit(job)) is not None:
-                    skipped = 0
-                    running[future], held = replace(held, job=job), None
+                launch = replace(held, job=replace(held.job, deadline=clock.trial_deadline(_best_rate(record), left)))
+                if running.submit(launch.job, launch):
+                    skipped, held = 0, None
                     continue
-            if not running:
+            if not running.running:
                 return
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                lost = self._record(running.pop(future), future)
-                lost_in_a_row = lost_in_a_row + 1 if lost else 0
-                if lost_in_a_row >= MAX_LOST_IN_A_ROW:
-                    raise WorkerError(f"{lost_in_a_row} trials in a row lost their worker (last: {lost}); "
-                                      "their configs are queued: fix the cause and continue with --resume")
+            for finished in running.wait():
+                self._record(finished)
             self.publish("running")
             if clock.deadline is not None:
-                self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured()) - len(running)))
+                self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured())
+                                               - len(running.running)))
 
     def _out_of_time(self, left: int) -> None:
         budget = self.proposer.opts.budget
@@ -367,24 +361,22 @@ class Tuner:
                              f"(~{duration(self.clock.trial_s())} each) and the head-to-head")
         self.hooks.note(f"time limit: {self.not_done[-1]}")
 
-    def _record(self, launch: Launch, future: Future) -> str | None:
+    def _record(self, finished: Finished[Launch]) -> None:
         """Tell the study a finished trial's outcome. A trial whose worker died, or that the time limit stopped
-        before it measured anything, is queued again; returns why a worker was lost."""
+        before it measured anything, is queued again."""
         proposer, hooks = self.proposer, self.hooks
-        record, job, trial = proposer.record, launch.job, launch.trial
-        try:
-            out: TrialOutcome = future.result()
-        except WorkerLost as e:
-            record.requeue(record.trial(job.number), f"worker lost: {e}")
-            hooks.trial_lost(job.number, str(e))
-            return str(e)
+        record, job, trial, out = proposer.record, finished.tag.job, finished.tag.trial, finished.outcome
+        if out is None:
+            record.requeue(record.trial(job.number), f"worker lost: {finished.lost}")
+            hooks.trial_lost(job.number, finished.lost)
+            return
         self.clock.observe(out.wall_s, out.startup.ready_s if out.startup else None)
         if out.cut_short and not out.levels:
             record.requeue(record.trial(job.number), "stopped by the time limit")
             self.not_done.append(f"trial {job.number} was stopped by the time limit before it measured anything: "
                                  "queued for --resume")
             hooks.trial_lost(job.number, "stopped by the time limit before it measured anything")
-            return None
+            return
         if out.cut_short:
             self.not_done.append(f"trial {job.number}'s rate search was cut short by the time limit")
         out = out.model_copy(update={"artifacts": str(job.out_dir.relative_to(proposer.opts.out))})
@@ -397,7 +389,6 @@ class Tuner:
         else:
             record.study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
         hooks.trial_finished(job.number, out)
-        return None
 
     def confirm(self, tokenizer) -> None:
         """The head-to-head (`servetune.confirm`): the defaults at the pick's goodput rate, stored in the study
@@ -422,10 +413,8 @@ class Tuner:
                 level_set = build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
                                            count=plan.levels.requests + plan.levels.warmup_requests)
                 job = head_to_head_job(default, pick.goodput_rate, plan, level_set, opts.out, self.clock.deadline)
-                head_to_head = run_head_to_head(job, self.executor, self.hooks)
-                if head_to_head is None:
-                    self.not_done.append("the head-to-head with the defaults: its worker was lost")
-                elif head_to_head.cut_short:
+                head_to_head = run_head_to_head(job, self.running, self.hooks)
+                if head_to_head.cut_short:
                     self.not_done.append("the head-to-head with the defaults was cut short by the time limit")
         decided = decide(pick, default, head_to_head, pick_level)
         record.write_confirmation(decided.model_copy(update={"search_trials": trials}))
