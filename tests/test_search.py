@@ -11,7 +11,8 @@ from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
 from servetune.record import StudyRecord, TrialRecord, read_trial, write_trial
 from servetune.results import choose_best, vllm_config_yaml
-from servetune.search.objective import RateSearch, level_verdict, parse_slo
+from servetune.search.objective import RateSearch, level_verdict
+from servetune.slo import parse_slo
 from servetune.search.space import NO_CHUNK_REASON, SearchSpace, batched_tokens_ladder, build_space
 from servetune.search.strategies import SeedStrategy, make_strategy, suggest
 
@@ -256,3 +257,14 @@ def test_optuna_starts_from_the_procedures_first_rung():
     assert first["max_num_seqs"] == 128 and first["cpu_kvcache_space_gib"] == 1
     strategy.plan_next(study)
     assert read_trial(study.ask()).role != "anchor"  # only once
+
+
+def test_every_slo_names_a_metric_a_level_has():
+    from servetune.metrics import LevelMetrics
+    from servetune.slo import LATENCIES, latency
+
+    for each in LATENCIES:
+        assert {each.p99_field, each.mean_field} <= set(LevelMetrics.model_fields)
+        assert latency(each.slo) is each and parse_slo({each.slo: 1}) == {each.slo: 1.0}
+    assert [t.slo for t in LATENCIES if t.counts == "gaps"] == ["itl_p99_ms"]
+    assert [t.slo for t in LATENCIES if t.prefill_bound] == ["tpot_p99_ms", "itl_p99_ms"]

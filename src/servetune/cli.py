@@ -405,8 +405,8 @@ class TuneProgress:
     made with auto_refresh=False and redrawn from the load generator's thread (`count_records`), so no Rich
     thread competes with the real-time event loop during a level."""
 
-    def __init__(self, bar: Progress, budget: int, levels: bool = True):
-        self.bar = bar
+    def __init__(self, bar: Progress, budget: int, levels: bool = True, rate_unit: str = "req/s"):
+        self.bar, self.unit = bar, rate_unit  # a level's rate: req/s, or a trace's speed-up factor
         self.trials = bar.add_task("trials", total=budget)
         self.level = bar.add_task("level", total=1, visible=False)
         self.record = count_records(bar, self.level)
@@ -450,7 +450,7 @@ class TuneProgress:
 
         who = " ".join(to_argv(config)) or "(vLLM defaults)"
         self.bar.start()
-        console.print(f"head-to-head: trial {number} {who} at the pick's {rates[0]:.2f} req/s", highlight=False)
+        console.print(f"head-to-head: trial {number} {who} at the pick's {rates[0]:.2f} {self.unit}", highlight=False)
         if self.levels:
             self.bar.update(self.level, description="starting vLLM", total=None, completed=0, visible=True)
 
@@ -458,7 +458,7 @@ class TuneProgress:
         if not out.ok:
             console.print(f"  head-to-head: the defaults did not run ({out.failure})", highlight=False)
         for level in out.levels:
-            console.print(f"  the defaults at {level.rate:.2f} req/s: {level.verdict}"
+            console.print(f"  the defaults at {level.rate:.2f} {self.unit}: {level.verdict}"
                           + (f" ({'; '.join(level.reasons[:2])})" if level.reasons else ""), highlight=False)
 
     def confirm_lost(self, number: int, reason: str) -> None:
@@ -473,7 +473,7 @@ class TuneProgress:
         console.print(f"  trial {number} lost ({reason}); its config runs again", highlight=False)
 
     def level_started(self, name: str, rate: float, n: int) -> None:
-        self.bar.update(self.level, description=f"{name} @ {rate:.2f} req/s", total=n, completed=0)
+        self.bar.update(self.level, description=f"{name} @ {rate:.2f} {self.unit}", total=n, completed=0)
         self.bar.refresh()
 
 
@@ -499,7 +499,9 @@ def _tune(opts: "TuneOptions") -> "Summary":
 
     bar = progress_bar(auto_refresh=False)  # started by the first trial: an early error leaves no bar behind
     try:
-        summary = run_tune(opts, TuneProgress(bar, opts.budget, levels=runs_inline(opts.parallel, opts.ray_address)))
+        progress = TuneProgress(bar, opts.budget, levels=runs_inline(opts.parallel, opts.ray_address),
+                                rate_unit=opts.workload.rate_unit)
+        summary = run_tune(opts, progress)
     finally:
         if bar.live.is_started:
             bar.stop()
@@ -591,8 +593,8 @@ def tune_options(*, model: str, workload: Path, out: Path, slo: Sequence[str], o
     files, strategy, objective, the time limit and the levels' request timeout. The rest (levels, confirm,
     budget, storage, resume, tokenizer, seed, parallel, ray_address, min_model_len) go to TuneOptions as given;
     what it leaves out takes    TuneOptions' default."""
-    from servetune.search.objective import parse_slo
     from servetune.search.strategies import STRATEGIES
+    from servetune.slo import parse_slo
     from servetune.timelimit import parse_duration
     from servetune.tune import TuneOptions
     from servetune.workload import load_workload
@@ -764,7 +766,7 @@ def verify_plan(*, out: Path | None, config: Path | None, model: str | None, wor
                 json_out: Path | None) -> tuple["VerifyPlan", Path]:
     """`verify`'s plan and JSON path from the command line, with what is not given taken from the tune in `out`;
     each value checked and named in the one line a bad or missing one gives (UsageError)."""
-    from servetune.search.objective import parse_slo
+    from servetune.slo import parse_slo
     from servetune.verify import VerifyPlan, read_tune
     from servetune.workload import WorkloadSpec, load_workload
 
@@ -794,16 +796,20 @@ def verify_plan(*, out: Path | None, config: Path | None, model: str | None, wor
     return plan, json_out
 
 
-_VERIFY_ROWS = [("completed / failed", "{0.completed} / {0.failed}"),
-                ("prompt / output tokens", "{0.total_input_tokens:,} / {0.total_output_tokens:,}"),
-                ("request throughput (req/s)", "{0.request_throughput:.2f}"),
-                ("output throughput (tok/s)", "{0.output_throughput:.1f}"),
-                *((f"{label} mean / p99 (ms)", f"{{0.mean_{name}_ms:.2f}} / {{0.p99_{name}_ms:.2f}}")
-                  for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL")))]
+def _verify_rows() -> list[tuple[str, str]]:
+    from servetune.slo import LATENCIES
+
+    return [("completed / failed", "{0.completed} / {0.failed}"),
+            ("prompt / output tokens", "{0.total_input_tokens:,} / {0.total_output_tokens:,}"),
+            ("request throughput (req/s)", "{0.request_throughput:.2f}"),
+            ("output throughput (tok/s)", "{0.output_throughput:.1f}"),
+            *((f"{t.label} mean / p99 (ms)", f"{{0.{t.mean_field}:.2f}} / {{0.{t.p99_field}:.2f}}") for t in LATENCIES)]
 
 
 def _verify_table(result: "VerifyResult") -> Table:
     """Both clients side by side (metric | servetune | vllm bench serve | SLO | verdict), then a row per SLO."""
+    from servetune.slo import latency
+
     table = Table(title=f"servetune verify: {result.workload.num_requests} requests at "
                         f"{result.workload.request_rate:g} req/s, each client",
                   caption="verdict: each client's point p99 of its N completed requests (ITL: of their gaps) "
@@ -813,13 +819,13 @@ def _verify_table(result: "VerifyResult") -> Table:
     for column in ("metric", "servetune", "vllm bench serve", "SLO", "verdict"):
         table.add_column(column, justify="right" if column in ("servetune", "vllm bench serve") else "left")
     ours, theirs = result.servetune, result.vllm
-    for label, fmt in _VERIFY_ROWS:
+    for label, fmt in _verify_rows():
         table.add_row(label, fmt.format(ours.metrics), fmt.format(theirs.metrics) if theirs else "-")
     their_checks = {check.name: check for check in theirs.slo} if theirs else {}
     for check in ours.slo:
         other = their_checks.get(check.name)
         test = (f" (test: {check.test.decision}, {check.test.over} of {check.test.counted} "
-                f"{'gaps' if check.name == 'itl_p99_ms' else 'requests'} over)" if check.test else "")
+                f"{latency(check.name).counts} over)" if check.test else "")
         verdict = (f"servetune {_verdict(check.passed)}, N={check.requests}{test}"
                    + (f"; vllm {_verdict(other.passed)}, N={other.requests}" if other else ""))
         table.add_row(f"{check.name}", f"{check.p99_ms:.2f}", f"{other.p99_ms:.2f}" if other else "-",

@@ -20,7 +20,7 @@ from servetune.executors import Job
 from servetune.outcome import LevelOutcome, TrialOutcome
 from servetune.record import HeadToHead, LevelRecord
 from servetune.results import TrialRow
-from servetune.search.objective import SLO_METRICS
+from servetune.slo import REQUESTS_PER_S, latency
 from servetune.trial import TrialPlan
 from servetune.verdict import Decision
 
@@ -49,7 +49,7 @@ def level_record(level: LevelOutcome, trial: int | None = None) -> LevelRecord:
     fields = {} if trial is None else {"trial": trial}
     return LevelRecord(**fields, rate=level.rate, verdict=str(level.verdict), reasons=level.reasons,
                        requests=level.metrics.completed, tests=level.tests,
-                       p99={t.slo: getattr(level.metrics, SLO_METRICS[t.slo]) for t in level.tests})
+                       p99={t.slo: latency(t.slo).p99(level.metrics) for t in level.tests})
 
 
 def deciding_level(outcome: TrialOutcome, rate: float) -> LevelOutcome | None:
@@ -58,9 +58,10 @@ def deciding_level(outcome: TrialOutcome, rate: float) -> LevelOutcome | None:
 
 
 def decide(pick: TrialRow | None, default: TrialRow | None, default_outcome: TrialOutcome | None,
-           pick_level: LevelOutcome | None) -> HeadToHead:
+           pick_level: LevelOutcome | None, rate_unit: str = REQUESTS_PER_S) -> HeadToHead:
     """The recommendation from the search rows (`pick`: the best candidate, None when none beat the defaults)
-    and the defaults' head-to-head outcome at the pick's rate (None: not run)."""
+    and the defaults' head-to-head outcome at the pick's rate (None: not run), its reason in the study's
+    `rate_unit`."""
     base = default.goodput_rate if default else None
     if pick is None:
         rate = base or 0.0
@@ -78,19 +79,20 @@ def decide(pick: TrialRow | None, default: TrialRow | None, default_outcome: Tri
     if level is None:
         why = (default_outcome.failure and str(default_outcome.failure)) if default_outcome else None
         return decided.model_copy(update={
-            "reason": f"{name} holds {rate:.2f} req/s; the defaults were not measured at that rate"
+            "reason": f"{name} holds {rate:.2f} {rate_unit}; the defaults were not measured at that rate"
                       + (f" ({why})" if why else "")})
     if level.verdict == Decision.FAIL:
         return decided.model_copy(update={
             "verdict": "confirmed",
-            "reason": f"{name} holds {rate:.2f} req/s; the defaults fail at that rate ({'; '.join(level.reasons[:2])})"})
+            "reason": f"{name} holds {rate:.2f} {rate_unit}; the defaults fail at that rate "
+                      f"({'; '.join(level.reasons[:2])})"})
     if level.verdict == Decision.PASS:
         return decided.model_copy(update={
             "verdict": "not confirmed", "recommended_trial": default.trial, "default_goodput_rate": rate,
-            "reason": f"the defaults hold {rate:.2f} req/s too, where {name} holds it: keep the defaults"})
+            "reason": f"the defaults hold {rate:.2f} {rate_unit} too, where {name} holds it: keep the defaults"})
     return decided.model_copy(update={
         "verdict": "undecided",
-        "reason": f"{name} holds {rate:.2f} req/s; at that rate the defaults were undecided "
+        "reason": f"{name} holds {rate:.2f} {rate_unit}; at that rate the defaults were undecided "
                   f"({'; '.join(level.reasons[:2])}): the gain is not shown"})
 
 

@@ -58,6 +58,11 @@ class TrialRow(_Frozen):
         """The objective's rate: the goodput rate, or the throughput at full load."""
         return self.goodput_rate if objective == "goodput" else self.request_throughput
 
+    def headline_level(self, objective: str) -> LevelOutcome | None:
+        """The level its p99s come from: the passing level at its goodput rate, else the capacity level."""
+        passing = [lv for lv in self.levels if objective == "goodput" and lv.passed and lv.rate == self.goodput_rate]
+        return next(iter(passing), next((lv for lv in self.levels if not math.isfinite(lv.rate)), None))
+
 
 def trial_row(t: RecordedTrial, out_dir: Path | None = None) -> TrialRow:
     """A measured trial's row; `out_dir`: the study's output directory, for the path of a failed trial's log."""

@@ -24,6 +24,7 @@ from servetune.loadgen import RequestRecord, Target
 from servetune.metrics import tpot_ms, ttft_ms
 from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
 from servetune.search.objective import RateSearch, level_verdict, rejected_requests
+from servetune.slo import TPOT, TTFT
 from servetune.verdict import Decision, LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.trace import trace_rate
@@ -80,10 +81,10 @@ def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Se
         recent = [r for r in finished[-10:] if r.ok and r.chunk_ns]
         if not recent:
             return False
-        if "ttft_p99_ms" in slo and statistics.median(map(ttft_ms, recent)) > 4 * slo["ttft_p99_ms"]:
+        if TTFT.slo in slo and statistics.median(map(ttft_ms, recent)) > 4 * slo[TTFT.slo]:
             return True
         tpots = [t for t in map(tpot_ms, recent) if t is not None]
-        return "tpot_p99_ms" in slo and bool(tpots) and statistics.median(tpots) > 2 * slo["tpot_p99_ms"]
+        return TPOT.slo in slo and bool(tpots) and statistics.median(tpots) > 2 * slo[TPOT.slo]
 
     return should_stop
 

@@ -25,9 +25,9 @@ from servetune.outcome import TrialOutcome
 from servetune.report import publish
 from servetune.results import Results, Summary, beats, trial_row
 from servetune.search.feasibility import MemoryCheck
-from servetune.search.objective import SLO_METRICS
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
+from servetune.slo import latency
 from servetune.search.strategies import Strategy, make_strategy, suggest
 from servetune.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, read_trial,
                               write_trial)
@@ -416,7 +416,7 @@ class Tuner:
                 head_to_head = run_head_to_head(job, self.running, self.hooks)
                 if head_to_head.cut_short:
                     self.not_done.append("the head-to-head with the defaults was cut short by the time limit")
-        decided = decide(pick, default, head_to_head, pick_level)
+        decided = decide(pick, default, head_to_head, pick_level, opts.workload.rate_unit)
         record.write_confirmation(decided.model_copy(update={"search_trials": trials}))
 
 
@@ -437,4 +437,4 @@ def _launches(record: StudyRecord) -> list[tuple[dict, int]]:
 def _constraints(out: TrialOutcome, slo: dict[str, float]) -> list[float]:
     """Optuna constraints (<= 0 is feasible): each p99 over its SLO, at the capacity level."""
     metrics = out.capacity.metrics
-    return [getattr(metrics, SLO_METRICS[k]) - v for k, v in slo.items()] or [0.0]
+    return [latency(k).p99(metrics) - v for k, v in slo.items()] or [0.0]

@@ -22,7 +22,7 @@ from servetune.engine import Engine
 from servetune.errors import ServetuneError
 from servetune.jsonio import write_json
 from servetune.loadgen import RequestRecord, Target, run_load_sync
-from servetune.search.objective import SLO_METRICS, parse_slo
+from servetune.slo import latency, parse_slo
 from servetune.trial import reset_prefix_cache
 from servetune.verdict import LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
@@ -284,9 +284,9 @@ def client_result(metrics: ClientMetrics, slo: dict[str, float], output: str,
     """Each SLO against the client's point p99; with its timed `records` (servetune's client), each SLO's
     statistical test too."""
     tests = slo_tests(slo, records) if records else {}
-    checks = [SloCheck(name=name, bound_ms=bound, p99_ms=getattr(metrics, SLO_METRICS[name]),
+    checks = [SloCheck(name=name, bound_ms=bound, p99_ms=latency(name).p99(metrics),
                        requests=metrics.completed, test=tests.get(name),
-                       passed=metrics.completed > 0 and getattr(metrics, SLO_METRICS[name]) <= bound)
+                       passed=metrics.completed > 0 and latency(name).p99(metrics) <= bound)
               for name, bound in slo.items()]
     return ClientResult(metrics=metrics, slo=checks, output=output)
 

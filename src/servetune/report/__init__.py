@@ -20,18 +20,15 @@ def publish(results: Results, out: Path) -> Path:
     """Write into `out`, all from `results`: a self-contained report.html, its charts as PNGs, trials.json (every
     trial's full record), levels.csv (one row per load level) and tune's outputs (summary.json, trials.csv,
     best.yaml, best_command.sh). Returns the page's path."""
-    meta, summary, rows = results.meta, results.summary, results.rows
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(results, out)
     write_trials_json(results.record, out / "trials.json")
-    write_levels_csv(rows, out / "levels.csv")
-    default = summary.default.trial if summary.default else None
-    best = summary.best.trial if summary.best else None
+    write_levels_csv(results.rows, out / "levels.csv")
     importance, note = importances(results.record)
     figures = {
-        "pareto": charts.pareto(rows, default, best, meta.objective, meta.slo),
-        "load": charts.load_curves(rows, default, best, meta.slo),
-        "effects": charts.param_effects(rows, meta.knobs, default, best, meta.objective, importance),
+        "pareto": charts.pareto(results),
+        "load": charts.load_curves(results),
+        "effects": charts.param_effects(results, importance),
         "importance": charts.importance_bars(importance) if importance else None,
     }
     for name, fig in figures.items():

@@ -12,17 +12,25 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
-from servetune.results import TrialRow
+from servetune.results import Results, TrialRow
+from servetune.slo import REQUESTS_PER_S, TPOT, TTFT
 
 DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
-LATENCIES = (("p99_ttft_ms", "ttft_p99_ms", "p99 TTFT (ms)"), ("p99_tpot_ms", "tpot_p99_ms", "p99 TPOT (ms)"))
+LATENCIES = tuple((latency.p99_field, latency.slo, f"p99 {latency.label} (ms)") for latency in (TTFT, TPOT))
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,
          "axes.spines.right": False, "axes.grid": True, "grid.color": "#e5e7eb", "grid.linewidth": 0.8,
          "legend.frameon": False, "savefig.dpi": 120}
 
 
-def value_label(objective: str) -> str:
-    return "goodput (req/s within SLOs)" if objective == "goodput" else "throughput (req/s)"
+def value_label(objective: str, rate_unit: str = REQUESTS_PER_S) -> str:
+    """What a trial's value is, in its unit (a trace's goodput rates are speed-up factors)."""
+    return f"goodput ({rate_unit} within SLOs)" if objective == "goodput" else "throughput (req/s)"
+
+
+def _marked(results: Results) -> tuple[list[TrialRow], int | None, int | None]:
+    """The rows, and the trial numbers of vLLM's defaults and of the recommended config (None: none)."""
+    default, best = results.summary.default, results.summary.best
+    return results.rows, default.trial if default else None, best.trial if best else None
 
 
 def measured_at(objective: str) -> str:
@@ -39,9 +47,11 @@ def pareto_front(points: list[TrialRow], latency: str) -> list[TrialRow]:
     return front
 
 
-def pareto(rows: list[TrialRow], default: int | None, best: int | None, objective: str, slo: dict) -> Figure | None:
+def pareto(results: Results) -> Figure | None:
     """Objective value against p99 TTFT and p99 TPOT for every measured trial; the front as a staircase.
     None when no trial has a value."""
+    (rows, default, best), objective, slo = _marked(results), results.meta.objective, results.meta.slo
+    label_y = value_label(objective, results.summary.rate_unit)
     if all(r.value is None for r in rows):
         return None
     with matplotlib.rc_context(STYLE):
@@ -66,9 +76,9 @@ def pareto(rows: list[TrialRow], default: int | None, best: int | None, objectiv
                             xytext=(-4, 4), textcoords="offset points", ha="right", color=SLO, fontsize=9)
             _log_if_wide(ax.set_xscale, [getattr(p, latency) for p in points])
             ax.set_xlabel(f"{label}, {measured_at(objective)}")
-            ax.set_title(f"{value_label(objective).split(' (')[0]} vs {label.split(' (')[0]}")
+            ax.set_title(f"{label_y.split(' (')[0]} vs {label.split(' (')[0]}")
             ax.margins(x=0.1)
-        axes[0].set_ylabel(value_label(objective))
+        axes[0].set_ylabel(label_y)
         axes[0].set_ylim(0, 1.15 * max(r.value for r in rows if r.value is not None) or 1)
         handles, labels = axes[1].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=9)
@@ -96,10 +106,12 @@ def _log_if_wide(set_scale, values: list[float]) -> None:
         set_scale("log")
 
 
-def load_curves(rows: list[TrialRow], default: int | None, best: int | None, slo: dict) -> Figure | None:
+def load_curves(results: Results) -> Figure | None:
     """p99 TTFT and TPOT against the offered request rate, one line per config through its load levels.
     The capacity level (every request at once) sits at the rate it achieved. None without any level."""
-    if not any(_level_points(r, LATENCIES[0][0]) for r in rows):
+    (rows, default, best), slo = _marked(results), results.meta.slo
+    in_req_s = results.summary.rate_unit == REQUESTS_PER_S  # a trace's levels: at the req/s they offered
+    if not any(_level_points(r, LATENCIES[0][0], in_req_s) for r in rows):
         return None
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(11, 4.2), layout="constrained")
@@ -108,7 +120,7 @@ def load_curves(rows: list[TrialRow], default: int | None, best: int | None, slo
         for ax, (latency, slo_key, label) in zip(axes, LATENCIES):
             values = []
             for row in order:
-                levels = sorted(_level_points(row, latency), key=lambda p: p[0])
+                levels = sorted(_level_points(row, latency, in_req_s), key=lambda p: p[0])
                 if not levels:
                     continue
                 color, width, z = ((BEST, 2.4, 4) if row.trial == best else (DEFAULT, 2.2, 3)
@@ -132,12 +144,14 @@ def load_curves(rows: list[TrialRow], default: int | None, best: int | None, slo
     return fig
 
 
-def _level_points(row: TrialRow, latency: str) -> list[tuple[float, float, bool, bool]]:
-    """(rate, the level's `latency`, passed, capacity level) of each of the row's `LevelOutcome`s."""
+def _level_points(row: TrialRow, latency: str, in_req_s: bool) -> list[tuple[float, float, bool, bool]]:
+    """(rate in req/s, the level's `latency`, passed, capacity level) of each of the row's `LevelOutcome`s; the
+    rate of a level whose rate is not in req/s (a trace's speed-up factor) is the rate it offered."""
     points = []
     for level in row.levels:
         capacity = not math.isfinite(level.rate)
-        x = level.metrics.request_throughput if capacity else level.rate
+        x = (level.metrics.request_throughput if capacity else level.rate if in_req_s
+             else level.metrics.offered_request_rate)
         points.append((x, getattr(level.metrics, latency), level.passed, capacity))
     return points
 
@@ -157,9 +171,10 @@ def _load_legend(default: int | None, best: int | None) -> list[Line2D]:
     ]
 
 
-def param_effects(rows: list[TrialRow], knobs: dict[str, list], default: int | None, best: int | None,
-                  objective: str, importance: dict[str, float]) -> Figure | None:
+def param_effects(results: Results, importance: dict[str, float]) -> Figure | None:
     """The objective value of every trial against each searched knob's value; failed configs at zero."""
+    (rows, default, best), knobs, objective = _marked(results), results.meta.knobs, results.meta.objective
+    unit = results.summary.rate_unit if objective == "goodput" else REQUESTS_PER_S
     names = [k for k in knobs if any(k in r.params for r in rows)]
     if not names:
         return None
@@ -188,7 +203,7 @@ def param_effects(rows: list[TrialRow], knobs: dict[str, list], default: int | N
         for ax in axes[len(names):]:
             ax.set_visible(False)
         for ax in axes[::cols]:
-            ax.set_ylabel(value_label(objective).split(" (")[0] + " (req/s)")
+            ax.set_ylabel(value_label(objective).split(" (")[0] + f" ({unit})")
         fig.legend(handles=[
             Line2D([], [], color=OTHER, marker="o", markeredgecolor="#3b82f6", linestyle="", label="trial"),
             Line2D([], [], color=BEST, marker="*", markersize=12, linestyle="", label="recommended"),

@@ -53,11 +53,16 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
                     "pairs": lambda params: " ".join(f"{k}={v}" for k, v in params.items())}
     meta, summary = results.meta, results.summary
     best, default = summary.best, summary.default
+    rows = {row.trial: row for row in results.rows}
+    shown = [("recommended", best.trial)] if best else []
+    shown += [("vLLM's defaults", default.trial)] if default and (not best or default.trial != best.trial) else []
+    per_turn = [(who, trial, level) for who, trial in shown
+                if (level := rows[trial].headline_level(meta.objective)) is not None and level.metrics.per_turn]
     headroom = summary.headroom  # a max-model-len below the model's context: what it refuses
     return env.from_string(TEMPLATE).render(
         meta=meta, summary=summary, rows=results.rows, unmeasured=results.unmeasured, importance=importance,
         importance_note=importance_note, files=files, confidence=meta.confidence or 0.95,
-        value_label=value_label(meta.objective), measured_at=measured_at(meta.objective),
+        value_label=value_label(meta.objective, summary.rate_unit), measured_at=measured_at(meta.objective),
         images={name: data_uri(path) for name, path in images.items()},
         default_trial=default.trial if default else None, best_trial=best.trial if best else None,
         best_value=best.rate(meta.objective) if best else None,
@@ -65,5 +70,5 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
         best_yaml=vllm_config_yaml(meta.model, best.config, headroom.comment if headroom else None)
         if best else None, headroom=headroom,
         best_command=command(meta.model, best.config) if best else None,
-        workload=yaml.safe_dump(meta.workload, sort_keys=False),
+        workload=yaml.safe_dump(meta.workload, sort_keys=False), per_turn=per_turn,
     )

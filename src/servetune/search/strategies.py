@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 from servetune.engine.logfacts import FailureKind
 from servetune.record import RecordedTrial, StudyRecord, TrialRecord, constraints_of, read_trial
 from servetune.search.space import SearchSpace
+from servetune.slo import latency
 
 STRATEGIES = ("seed", "grid", "optuna")
 
@@ -33,9 +34,6 @@ ANCHOR = {"enable_chunked_prefill": True, "max_num_batched_tokens": 512, "enable
           "max_num_seqs": 128, "enforce_eager": False, "cpu_kvcache_space_gib": 1, "gpu_memory_utilization": 0.9}
 
 
-LATENCY_SLOS = ("itl_p99_ms", "tpot_p99_ms")  # SLOs that prefill stalls break: chunking decides them
-
-
 class OptunaStrategy:
     """TPE (multivariate, constant liar) over the categorical knobs, warm-started by the procedure; with SLO
     constraints when the objective is plain throughput, via `constraints_func` reading the trial's
@@ -49,7 +47,7 @@ class OptunaStrategy:
     def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool,
                  slo: tuple[str, ...] = ()):
         self.space, self.budget, self.seed, self.constrained = space, budget, seed, constrained
-        latency_bound = any(name in LATENCY_SLOS for name in slo)
+        latency_bound = any(latency(name).prefill_bound for name in slo)  # prefill stalls break it: chunking decides
         self.ladder = ChunkLadder.for_space(space, self.anchor()) if latency_bound else None
 
     def anchor(self) -> dict[str, Any]:
