@@ -268,3 +268,36 @@ def test_every_slo_names_a_metric_a_level_has():
         assert latency(each.slo) is each and parse_slo({each.slo: 1}) == {each.slo: 1.0}
     assert [t.slo for t in LATENCIES if t.counts == "gaps"] == ["itl_p99_ms"]
     assert [t.slo for t in LATENCIES if t.prefill_bound] == ["tpot_p99_ms", "itl_p99_ms"]
+
+
+def test_a_strategy_registers_itself_and_the_cli_offers_it(monkeypatch):
+    from servetune.search import strategies
+    from servetune.search.strategies import REGISTRY, register, strategy_help
+
+    monkeypatch.setattr(strategies, "REGISTRY", dict(REGISTRY))
+
+    @register("annealing", help="simulated annealing", why="the annealer's next step")
+    class Annealing(strategies.GridStrategy):
+        pass
+
+    assert isinstance(make_strategy("annealing", SPACE, 6, 0, False), Annealing)
+    assert strategies.REGISTRY["annealing"].why == "the annealer's next step"
+    assert "annealing (simulated annealing)" in strategy_help() and list(REGISTRY) == ["optuna", "grid", "seed"]
+
+
+def test_a_knob_is_declared_once_for_the_space_the_procedure_and_the_memory_model():
+    from servetune.knobs import KNOBS, OPTIONAL, first_rung, knob
+    from servetune.memory import Device, GiB, ModelShape, resolve_engine_args
+
+    gpu = build_space(InstalledVllm("0.24.0", "cuda", FLAGS), 1000, optional=["block_size"])
+    assert [k.name for k in SPACE.knobs] == [k.arg for k in KNOBS if k.option is None and k.values(True, 1008)]
+    assert gpu.knob("block_size").choices == knob("block_size").gpu and gpu.knob("cpu_kvcache_space_gib") is None
+    assert list(OPTIONAL) == ["block_size", "kv_cache_dtype", "cudagraph_capture", "tensor_parallel_size"]
+    with pytest.raises(ServetuneError, match="choose from block_size, kv_cache_dtype"):
+        build_space(CPU, 1000, optional=["colour"])
+    assert first_rung()["max_num_batched_tokens"] == 512
+    tiny = ModelShape.from_config({"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 4,
+                                   "num_key_value_heads": 2, "intermediate_size": 768, "vocab_size": 4096,
+                                   "max_position_embeddings": 4096, "torch_dtype": "float32"})
+    resolved = resolve_engine_args(tiny, Device(64 * GiB, kind="cpu"), {})
+    assert resolved["block_size"] == knob("block_size").default_cpu == 128

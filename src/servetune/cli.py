@@ -20,6 +20,8 @@ from rich.table import Table
 from servetune import __version__
 from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable, jsonable, write_json_or_beside
+from servetune.knobs import optional_help
+from servetune.search.strategies import strategy_help
 
 if TYPE_CHECKING:  # the commands import what they use when they run: `servetune --help` stays quick
     from servetune.metrics import LevelMetrics
@@ -537,7 +539,7 @@ def tune(
     out: Annotated[Path, typer.Option(help="Output directory.")],
     slo: SloOption = [],
     objective: Annotated[str, typer.Option(help="goodput (highest rate within SLOs) or throughput (at rate inf).")] = "goodput",
-    strategy: Annotated[str, typer.Option(help="seed (the manual procedure), grid or optuna.")] = "optuna",
+    strategy: Annotated[str, typer.Option(help=strategy_help())] = "optuna",
     budget: Annotated[int, typer.Option(min=1, help="Servers to launch, vLLM's defaults included.")] = 6,
     study: Annotated[Optional[str], typer.Option(
         help="Optuna storage URL, e.g. postgresql+psycopg://user@host/db; default sqlite in OUT.")] = None,
@@ -545,7 +547,7 @@ def tune(
     engine_arg: EngineArgOption = [],
     reference_config: Annotated[list[Path], typer.Option(
         help="A vLLM config YAML to measure as it is, beside the search (repeatable).")] = [],
-    knob: Annotated[list[str], typer.Option(help="Optional knob to search too: block_size, kv_cache_dtype, cudagraph_capture, tensor_parallel_size.")] = [],
+    knob: Annotated[list[str], typer.Option(help=f"An optional knob to search too (repeatable): {optional_help()}.")] = [],
     tokenizer: Annotated[Optional[str], typer.Option()] = None,
     level_requests: Annotated[int, typer.Option(
         min=1, help="Most requests a load level sends: a level stops as soon as its verdict is decided.")] = 600,
@@ -593,14 +595,14 @@ def tune_options(*, model: str, workload: Path, out: Path, slo: Sequence[str], o
     files, strategy, objective, the time limit and the levels' request timeout. The rest (levels, confirm,
     budget, storage, resume, tokenizer, seed, parallel, ray_address, min_model_len) go to TuneOptions as given;
     what it leaves out takes    TuneOptions' default."""
-    from servetune.search.strategies import STRATEGIES
+    from servetune.search.strategies import REGISTRY
     from servetune.slo import parse_slo
     from servetune.timelimit import parse_duration
     from servetune.tune import TuneOptions
     from servetune.workload import load_workload
 
-    if strategy not in STRATEGIES:
-        raise UsageError(f"--strategy: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    if strategy not in REGISTRY:
+        raise UsageError(f"--strategy: unknown strategy {strategy!r}; choose from {', '.join(REGISTRY)}")
     if objective not in ("goodput", "throughput"):
         raise UsageError(f"--objective: unknown objective {objective!r}; use goodput or throughput")
     slo_pairs = pairs(slo, "--slo")

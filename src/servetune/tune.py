@@ -28,7 +28,7 @@ from servetune.search.feasibility import MemoryCheck
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.slo import latency
-from servetune.search.strategies import Strategy, make_strategy, suggest
+from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
 from servetune.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, read_trial,
                               write_trial)
 from servetune.study import StudyLock, check_storage, default_storage, open_study, trial_dir
@@ -262,7 +262,7 @@ class Proposer:
         if asked.why is None:
             write_trial(trial, why="vLLM's defaults: the baseline" if role == "default"
                         else "given with --reference-config" if reference is not None
-                        else "TPE's proposal" if self.opts.strategy == "optuna" else "the grid's next point")
+                        else REGISTRY[self.opts.strategy].why)  # proposed by the strategy's sampler
         return Launch(job, trial)
 
     def _refusal(self, config: dict[str, Any]) -> str | None:

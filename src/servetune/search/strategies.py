@@ -1,19 +1,21 @@
 """Search strategies: each proposes the next config of a study. `seed` follows the manual tuning procedure,
 `grid` walks the space, `optuna` lets a sampler (TPE, constrained when the objective is throughput under SLOs)
-choose. The search never launches anything: the tuner measures and tells the study."""
+choose. A strategy registers itself (`register`: its name, a line of help, what a trial its sampler proposed
+records as its reason); the CLI's choices come from the registry. The search never launches anything: the tuner
+measures and tells the study."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
 
 from servetune.engine.logfacts import FailureKind
+from servetune.knobs import KNOBS, first_rung
 from servetune.record import RecordedTrial, StudyRecord, TrialRecord, constraints_of, read_trial
 from servetune.search.space import SearchSpace
 from servetune.slo import latency
-
-STRATEGIES = ("seed", "grid", "optuna")
-
 
 class Strategy(Protocol):
     """Makes the study's sampler and, for strategies that plan themselves, queues the next config."""
@@ -25,15 +27,40 @@ class Strategy(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Registered:
+    """A strategy users pick by name (`--strategy NAME`)."""
+
+    name: str
+    help: str  # a line for `--strategy`'s help
+    why: str  # why a trial its sampler proposed (not one it queued itself) was proposed, as the study records it
+    make: Callable[..., Strategy]  # (space, budget, seed, constrained, slo) -> the strategy
+
+
+REGISTRY: dict[str, Registered] = {}
+
+
+def register(name: str, help: str, why: str) -> Callable[[type], type]:
+    """Add the decorated strategy class to the registry under `name`."""
+    def add(cls: type) -> type:
+        REGISTRY[name] = Registered(name, help, why, cls)
+        return cls
+    return add
+
+
+def strategy_help() -> str:
+    """`--strategy`'s help: every registered strategy and what it does."""
+    return "; ".join(f"{s.name} ({s.help})" for s in REGISTRY.values())
+
+
 def value_of(t: RecordedTrial) -> float:
     return t.value if t.state == TrialState.COMPLETE and t.value is not None else float("-inf")
 
 
-# The procedure's first rung, as a whole config: chunked prefill at a small chunk, the rest as vLLM has it.
-ANCHOR = {"enable_chunked_prefill": True, "max_num_batched_tokens": 512, "enable_prefix_caching": True,
-          "max_num_seqs": 128, "enforce_eager": False, "cpu_kvcache_space_gib": 1, "gpu_memory_utilization": 0.9}
 
 
+@register("optuna", help="TPE, warm-started by the procedure's first rung, or by the chunk ladder under an ITL or "
+                          "TPOT SLO", why="TPE's proposal")
 class OptunaStrategy:
     """TPE (multivariate, constant liar) over the categorical knobs, warm-started by the procedure; with SLO
     constraints when the objective is plain throughput, via `constraints_func` reading the trial's
@@ -41,7 +68,8 @@ class OptunaStrategy:
 
     The warm start follows what binds. Under an ITL or TPOT SLO, prefill stalls decide the SLO, so the chunk
     ladder comes first (`ChunkLadder`: chunked prefill, chunk sizes walked from the anchor's up while each
-    rung beats the one below, then down); otherwise one anchor config (the procedure's first rung, ANCHOR).
+    rung beats the one below, then down); otherwise one anchor config (the procedure's first rung,
+    `knobs.first_rung`).
     TPE proposes the rest."""
 
     def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool,
@@ -51,10 +79,10 @@ class OptunaStrategy:
         self.ladder = ChunkLadder.for_space(space, self.anchor()) if latency_bound else None
 
     def anchor(self) -> dict[str, Any]:
-        """ANCHOR's value for each knob, or the nearest value the knob offers."""
-        params = {}
+        """The first rung's value for each knob, or the nearest value the knob offers."""
+        params, rung = {}, first_rung()
         for knob in self.space.knobs:
-            want = ANCHOR.get(knob.name, knob.choices[0])
+            want = rung.get(knob.name, knob.choices[0])
             if want in knob.choices or not isinstance(want, (int, float)) or isinstance(want, bool):
                 params[knob.name] = want if want in knob.choices else knob.choices[0]
             else:
@@ -139,6 +167,7 @@ class ChunkLadder:
         return (j - 1, "going down") if j > 0 and c[j - 1] not in done else None
 
 
+@register("grid", help="every combination of the knobs' values, in a seeded random order", why="the grid's next point")
 class GridStrategy(OptunaStrategy):
     """Every combination of the knobs' values, in a seeded random order."""
 
@@ -150,6 +179,8 @@ class GridStrategy(OptunaStrategy):
         return True
 
 
+@register("seed", help="the manual procedure: a ladder per knob on top of the best config so far",
+          why="the procedure's next step")
 class SeedStrategy:
     """The manual procedure, one ladder per knob on top of the best config so far:
     max_model_len is the model's context, or the workload's longest request where the space tightens it;
@@ -174,7 +205,7 @@ class SeedStrategy:
             whole = [v for v in mnbt.choices if v >= mml and v % mml == 0]
             ladders.append(("chunked", [{"enable_chunked_prefill": True, "max_num_batched_tokens": v} for v in chunked]))
             ladders.append(("whole", [{"enable_chunked_prefill": False, "max_num_batched_tokens": v} for v in whole]))
-        for name in ("enable_prefix_caching", "max_num_seqs", "cpu_kvcache_space_gib", "gpu_memory_utilization"):
+        for name in (k.arg for k in KNOBS if k.ladder):
             knob = self.space.knob(name)
             if knob is not None:
                 ladders.append((name, [{name: v} for v in knob.choices]))
@@ -223,10 +254,9 @@ class SeedStrategy:
 def make_strategy(name: str, space: SearchSpace, budget: int, seed: int, constrained: bool,
                   slo: tuple[str, ...] = ()) -> Strategy:
     """The strategy called `name`; `slo` names the SLOs of the study (what binds shapes the warm start)."""
-    classes = {"seed": SeedStrategy, "grid": GridStrategy, "optuna": OptunaStrategy}
-    if name not in classes:
-        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
-    return classes[name](space, budget, seed, constrained, slo)
+    if name not in REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}")
+    return REGISTRY[name].make(space, budget, seed, constrained, slo)
 
 
 def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
