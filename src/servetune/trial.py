@@ -20,7 +20,7 @@ import httpx
 from servetune.bench import measure_level
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
-from servetune.loadgen import RequestRecord, Target
+from servetune.loadgen import LoadShape, RequestRecord, Target
 from servetune.metrics import tpot_ms, ttft_ms
 from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
 from servetune.search.objective import RateSearch, level_verdict, rejected_requests
@@ -229,10 +229,10 @@ def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelO
                     if plan.slo and math.isfinite(rate) else None)
             saturated = saturation_check(plan.slo, requests_per_s(plan, rate), n) if math.isfinite(rate) else None
             stop = LevelStop(test, saturated, deadline)
-            result = measure_level(
-                target, requests[: n + warmup], request_rate=rate, burstiness=plan.workload.burstiness,
-                max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
-                request_timeout_s=plan.levels.request_timeout_s, on_record=on_record, should_stop=stop)
+            shape = LoadShape(request_rate=rate, burstiness=plan.workload.burstiness,
+                              max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
+                              request_timeout_s=plan.levels.request_timeout_s)
+            result = measure_level(target, requests[: n + warmup], shape, on_record=on_record, should_stop=stop)
             if not result.metrics.client_lagging or stop.why == "time limit":
                 break
         records = out_dir / f"level-{index:02d}.records.jsonl"

@@ -21,7 +21,7 @@ from servetune.bench import LevelResult, default_request_timeout_s, measure_leve
 from servetune.engine import Engine
 from servetune.errors import ServetuneError
 from servetune.jsonio import write_json
-from servetune.loadgen import RequestRecord, Target, run_load_sync
+from servetune.loadgen import LoadShape, RequestRecord, Target, run_load_sync
 from servetune.slo import latency, parse_slo
 from servetune.trial import reset_prefix_cache
 from servetune.verdict import LevelTest, SloTest
@@ -213,12 +213,13 @@ def _servetune_client(engine: Engine, plan: VerifyPlan, requests: list[RequestSp
     rate: servetune's level."""
     spec = plan.workload
     target = Target(engine.base_url, plan.model, spec.endpoint)
-    run_load_sync(target, requests[:WARMUP_REQUESTS], warmup_requests=WARMUP_REQUESTS,
-                  max_concurrency=spec.max_concurrency)
+    run_load_sync(target, requests[:WARMUP_REQUESTS],
+                  LoadShape(warmup_requests=WARMUP_REQUESTS, max_concurrency=spec.max_concurrency))
     reset_prefix_cache(engine.base_url)
     on_stage("servetune's client")
-    return measure_level(target, requests[WARMUP_REQUESTS:], request_rate=spec.request_rate,
-                         burstiness=spec.burstiness, max_concurrency=spec.max_concurrency, seed=spec.seed)
+    return measure_level(target, requests[WARMUP_REQUESTS:], LoadShape(
+        request_rate=spec.request_rate, burstiness=spec.burstiness, max_concurrency=spec.max_concurrency,
+        seed=spec.seed))
 
 
 def check_vllm_client(python: str) -> None:
