@@ -100,7 +100,7 @@ def main() -> None:
                 opts = TuneOptions(model=args.model, workload=WORKLOAD, out=Path(out), slo={"tpot_p99_ms": 50},
                                    budget=args.budget, levels=LevelOptions(requests=20, max_levels=1), seed=seed)
                 summary = tune(opts, executor=Simulated(batch, seed))
-            shares.append(landscape(summary["best"]["config"]) / top)
+            shares.append(landscape(summary.best.config) / top)
         se = statistics.stdev(shares) / math.sqrt(len(shares))
         p10 = statistics.quantiles(shares, n=10)[0]
         print(f"{batch:5d}  {math.ceil(args.budget / batch):6d}  {statistics.mean(shares):40.3f} +- {se:.3f}  {p10:.3f}")

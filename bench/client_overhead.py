@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servetune.loadgen import Target, run_load_sync
+from servetune.loadgen import LoadShape, Target, run_load_sync
 from servetune.metrics import schedule_lag_ms, summarize
 from servetune.workload.request import RequestSpec
 
@@ -49,8 +49,8 @@ def main() -> None:
         target = Target(f"http://127.0.0.1:{port}", "fake", args.endpoint)
         requests = [RequestSpec("benchmark prompt", 2, args.output_len)] * (args.requests + 100)
         server_cpu, cpu, wall = _cpu_s(server.pid), time.process_time(), time.perf_counter()
-        result = run_load_sync(target, requests, request_rate=args.rate, burstiness=args.burstiness,
-                               warmup_requests=100)
+        result = run_load_sync(target, requests, LoadShape(request_rate=args.rate, burstiness=args.burstiness,
+                                                           warmup_requests=100))
         wall = time.perf_counter() - wall
         cpu, server_cpu = time.process_time() - cpu, _cpu_s(server.pid) - server_cpu
     finally:

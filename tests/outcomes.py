@@ -32,3 +32,11 @@ def ok(config: dict | None = None, **facts: Any) -> TrialOutcome:
 
 def failed(config: dict | None = None, kind: str = "oom", reason: str = "out of memory", **facts: Any) -> TrialOutcome:
     return TrialOutcome.failed(config or {}, Failure(kind=kind, reason=reason, log="server.log"), **facts)
+
+
+def row(trial: int, role: str = "search", **given: Any) -> "TrialRow":
+    """A measured trial's row (`results.TrialRow`): the fields given, status ok, every other one None."""
+    from servetune.results import TrialRow
+
+    fields = {name: None for name, info in TrialRow.model_fields.items() if info.is_required()}
+    return TrialRow(**(fields | {"trial": trial, "role": role, "status": "ok", "config": {}} | given))

@@ -13,7 +13,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from servetune.loadgen import ArrivalProcess, LoadResult, Target, run_load_sync, schedule_ns
+from servetune.loadgen import ArrivalProcess, LoadResult, LoadShape, Target, run_load_sync, schedule_ns
 from servetune.metrics import summarize
 from servetune.workload.request import RequestSpec
 
@@ -65,7 +65,7 @@ def specs(n, output_len=16, prompt="one two three"):
 
 @pytest.mark.parametrize(("endpoint", "chunks"), [("completions", 16), ("chat", 17)])
 def test_every_chunk_and_usage_recorded(fast, endpoint, chunks):
-    result = run_load_sync(Target(fast, "m", endpoint), specs(30), request_rate=500)
+    result = run_load_sync(Target(fast, "m", endpoint), specs(30), LoadShape(request_rate=500))
     assert len(result.records) == 30 and not result.stopped_early
     for r in result.records:
         assert r.ok and r.http_status == 200
@@ -78,14 +78,14 @@ def test_every_chunk_and_usage_recorded(fast, endpoint, chunks):
 
 
 def test_token_timestamps_follow_the_stream(slow):
-    result = run_load_sync(Target(slow, "m"), specs(4, output_len=10), max_concurrency=4)
+    result = run_load_sync(Target(slow, "m"), specs(4, output_len=10), LoadShape(max_concurrency=4))
     itl_ms = np.diff([r.chunk_ns for r in result.records], axis=1) / 1e6
     assert 3 < np.median(itl_ms) < 50  # one token per 5 ms tick
 
 
 def test_warmup_requests_are_recorded_apart(fast):
     seen = []
-    result = run_load_sync(Target(fast, "m"), specs(13), warmup_requests=3, request_rate=1000,
+    result = run_load_sync(Target(fast, "m"), specs(13), LoadShape(warmup_requests=3, request_rate=1000),
                            on_record=seen.append)
     assert [r.warmup for r in result.records] == [True] * 3 + [False] * 10
     assert [r.index for r in result.records] == list(range(13))
@@ -95,7 +95,7 @@ def test_warmup_requests_are_recorded_apart(fast):
 
 def test_max_concurrency_is_respected(slow):
     peak_concurrency(slow)
-    result = run_load_sync(Target(slow, "m"), specs(24, output_len=4), max_concurrency=3)
+    result = run_load_sync(Target(slow, "m"), specs(24, output_len=4), LoadShape(max_concurrency=3))
     assert all(r.ok for r in result.records)
     assert peak_concurrency(slow) == 3
     events = sorted([(r.start_ns, 1) for r in result.records] + [(r.end_ns, -1) for r in result.records])
@@ -105,7 +105,7 @@ def test_max_concurrency_is_respected(slow):
 def test_waiting_for_a_slot_is_not_schedule_lag(slow):
     """All due at once, one slot: each request waits for the one before it, and its lag counts from the
     moment that one freed its slot."""
-    result = run_load_sync(Target(slow, "m"), specs(6, output_len=4), max_concurrency=1)
+    result = run_load_sync(Target(slow, "m"), specs(6, output_len=4), LoadShape(max_concurrency=1))
     first, *rest = result.records
     assert first.slot_freed_ns == 0
     for before, r in zip(result.records, rest):
@@ -136,7 +136,7 @@ def test_connection_refused_is_recorded():
 def test_a_stalled_stream_times_out_and_keeps_partial_timestamps(slow):
     """No byte for the request timeout: kind `timeout`, after about that long, with the chunks that came."""
     result = run_load_sync(Target(slow, "m"), specs(1, output_len=8, prompt="fake:stall_after=3"),
-                           request_timeout_s=0.5)
+                           LoadShape(request_timeout_s=0.5))
     (r,) = result.records
     assert r.error_kind == "timeout" and len(r.chunk_ns) == 3
     assert 0.5 <= (r.end_ns - r.chunk_ns[-1]) / 1e9 < 2
@@ -144,13 +144,13 @@ def test_a_stalled_stream_times_out_and_keeps_partial_timestamps(slow):
 
 def test_a_slow_stream_that_keeps_sending_does_not_time_out(slow):
     """400 tokens at 5 ms each take 2 s, far over a 0.2 s stall limit, but a byte comes every 5 ms."""
-    result = run_load_sync(Target(slow, "m"), specs(1, output_len=400), request_timeout_s=0.2)
+    result = run_load_sync(Target(slow, "m"), specs(1, output_len=400), LoadShape(request_timeout_s=0.2))
     (r,) = result.records
     assert r.ok and len(r.chunk_ns) == 400
 
 
 def test_a_server_that_never_answers_times_out(fast):
-    result = run_load_sync(Target(fast, "m"), specs(2, prompt="fake:hang=1"), request_timeout_s=0.5)
+    result = run_load_sync(Target(fast, "m"), specs(2, prompt="fake:hang=1"), LoadShape(request_timeout_s=0.5))
     assert [r.error_kind for r in result.records] == ["timeout", "timeout"]
     assert all(r.http_status is None and 0.5 <= (r.end_ns - r.start_ns) / 1e9 < 2 for r in result.records)
 
@@ -171,7 +171,7 @@ def test_a_malformed_event_fails_the_request(fast):
 
 
 def test_should_stop_cancels_the_rest(slow):
-    result = run_load_sync(Target(slow, "m"), specs(200, output_len=40), request_rate=100,
+    result = run_load_sync(Target(slow, "m"), specs(200, output_len=40), LoadShape(request_rate=100),
                            should_stop=lambda done: len(done) >= 5)
     assert result.stopped_early
     kinds = [r.error_kind for r in result.records]
@@ -182,7 +182,7 @@ def test_should_stop_cancels_the_rest(slow):
 
 def test_records_round_trip_through_jsonl(fast, tmp_path):
     requests = [RequestSpec("fake:status=500", 1, 4), *specs(3)]
-    result = run_load_sync(Target(fast, "m"), requests, warmup_requests=1)
+    result = run_load_sync(Target(fast, "m"), requests, LoadShape(warmup_requests=1))
     result.save(tmp_path / "level.jsonl")
     assert LoadResult.load(tmp_path / "level.jsonl") == result
 
@@ -231,7 +231,7 @@ def test_same_numbers_as_vllm_bench_request_function(steady, endpoint, backend, 
             return [await bench.ASYNC_REQUEST_FUNCS[backend](request, session) for _ in range(n)]
 
     theirs = asyncio.run(vllm_side())
-    ours = summarize(run_load_sync(Target(steady, "m", endpoint), specs(n, tokens), max_concurrency=1))
+    ours = summarize(run_load_sync(Target(steady, "m", endpoint), specs(n, tokens), LoadShape(max_concurrency=1)))
     assert all(o.success for o in theirs)
     assert ours.total_output_tokens == sum(o.output_tokens for o in theirs) == n * tokens
     assert ours.total_input_tokens == sum(o.prompt_len for o in theirs)

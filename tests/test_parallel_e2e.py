@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 from conftest import vllm_processes, wait_for
 from servetune.engine.launcher import free_port
+from servetune.record import StudyRecord
 from servetune.study import STUDY_NAME
 from test_tune_e2e import WORKLOAD, tune_args
 
@@ -94,18 +95,18 @@ def run(args: list[str]) -> None:
 def form(out: Path, storage: str) -> dict:
     """What a study and its outputs look like, without the numbers: files, columns, keys, roles."""
     study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    kept = [t for t in study.trials if t.state != TrialState.FAIL]
-    outcomes = [t.user_attrs["outcome"] for t in kept]
+    kept = [t for t in StudyRecord(study).trials() if t.state != TrialState.FAIL]
+    outcomes = [t.record.outcome.stored() for t in kept]
     files = {re.sub(r"\d\d", "NN", p.name) for o in outcomes for p in (out / o["artifacts"]).iterdir()}
     return {
         "outputs": sorted(p.name for p in out.iterdir() if p.name != "study.db"),
         "trial_files": sorted(files),
         "trials_csv": (out / "trials.csv").read_text().splitlines()[0],
         "summary": sorted(json.loads((out / "summary.json").read_text())),
-        "trials": [(t.state.name, t.user_attrs.get("role"), sorted(t.user_attrs)) for t in kept],
+        "trials": [(t.state.name, t.record.role, sorted(t.record.stored())) for t in kept],
         "outcome": sorted({k for o in outcomes for k in o}),
         "level": sorted({k for o in outcomes for lv in o["levels"] for k in lv}),
-        "study": sorted(study.user_attrs),
+        "study": sorted(study.user_attrs),  # the study's record: meta, progress, ... (servetune.record)
     }
 
 
@@ -145,15 +146,16 @@ def test_ray_cluster_with_postgres_runs_a_killed_workers_trial_again(tiny_model,
 
     assert form(out, postgres) == sequential
     study = optuna.load_study(study_name=STUDY_NAME, storage=postgres)
-    lost = study.trials[1]
-    assert lost.state == TrialState.FAIL and lost.user_attrs["interrupted"].startswith("worker lost")
-    again = study.trials[2]
-    assert again.state == TrialState.COMPLETE and again.user_attrs["planned"] == lost.user_attrs["planned"]
-    assert again.user_attrs["role"] == lost.user_attrs["role"]
-    assert overlap(study.trials[0], lost)
+    trials = StudyRecord(study).trials()
+    lost = trials[1]
+    assert lost.state == TrialState.FAIL and lost.record.interrupted.startswith("worker lost")
+    again = trials[2]
+    assert again.state == TrialState.COMPLETE and again.record.planned == lost.record.planned
+    assert again.record.role == lost.record.role
+    assert overlap(study.trials[0], study.trials[1])
     assert "trial 1 lost" in err
-    for t in (study.trials[0], again):  # the trial's files came back from the worker
-        artifacts = out / t.user_attrs["outcome"]["artifacts"]  # relative to the study's output directory
+    for t in (trials[0], again):  # the trial's files came back from the worker
+        artifacts = out / t.outcome.artifacts  # relative to the study's output directory
         assert artifacts.parent.parent == out and "KV cache size" in (artifacts / "server.log").read_text()
 
 

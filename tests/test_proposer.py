@@ -6,6 +6,7 @@ from optuna.trial import TrialState
 
 from servetune.executors import Job
 from servetune.memory import Device, GiB, ModelShape
+from servetune.record import StudyRecord, TrialRecord, read_trial, write_trial
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.space import SearchSpace
 from servetune.search.strategies import make_strategy
@@ -24,9 +25,10 @@ def proposer(tmp_path, slo=None, misfit=lambda job: None, strategy="grid", space
                        strategy=strategy, engine_args={"enforce_eager": False}, confirm=False)
     chosen = make_strategy(strategy, space, budget=6, seed=0, constrained=False, slo=tuple(opts.slo))
     study = optuna.create_study(direction="maximize", sampler=chosen.sampler())
-    study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    record = StudyRecord(study)
+    record.enqueue({}, TrialRecord(role="default", planned={}))
     plan = TrialPlan("m", WORKLOAD, opts.slo, "goodput", [])
-    return Proposer(study, chosen, space, plan, opts, memory, CPU, misfit, typical_prompt=4000)
+    return Proposer(record, chosen, space, plan, opts, memory, CPU, misfit, typical_prompt=4000)
 
 
 def finish(p: Proposer, launch: Launch, out=None) -> None:
@@ -34,7 +36,7 @@ def finish(p: Proposer, launch: Launch, out=None) -> None:
     out = out or outcomes.ok(launch.job.config, levels=[outcomes.level("search", 1.0, completed=10,
                                                                        total_input_tokens=40_000,
                                                                        median_ttft_ms=400.0)])
-    launch.trial.set_user_attr("outcome", out.stored())
+    write_trial(launch.trial, outcome=out)
     p.study.tell(launch.trial, 1.0)
 
 
@@ -42,14 +44,14 @@ def test_the_defaults_come_first_as_given_then_the_strategys_configs(tmp_path):
     p = proposer(tmp_path)
     first = p.next()
     assert isinstance(first, Launch) and first.job.config == {"enforce_eager": False}
-    assert first.trial.user_attrs["why"] == "vLLM's defaults: the baseline"
+    assert read_trial(first.trial).why == "vLLM's defaults: the baseline"
     assert first.job.out_dir == tmp_path / "trials" / "0000"
     finish(p, first)
     second = p.next()
-    assert isinstance(second, Launch) and second.trial.user_attrs["why"] == "the grid's next point"
+    assert isinstance(second, Launch) and read_trial(second.trial).why == "the grid's next point"
     tightened = {"max_model_len"} if second.job.config["enable_chunked_prefill"] is False else set()
     assert set(second.job.config) == {"enforce_eager"} | tightened | {k.name for k in SPACE.knobs}
-    assert second.trial.user_attrs["config_requested"] == second.job.config
+    assert read_trial(second.trial).config_requested == second.job.config
 
 
 def test_a_config_gets_the_models_context_unless_tightening_pays_and_the_reason_is_recorded(tmp_path):
@@ -70,13 +72,13 @@ def test_a_config_gets_the_models_context_unless_tightening_pays_and_the_reason_
         launched[name] = p.next()
         finish(p, launched[name])
     context = launched["context"]
-    assert "max_model_len" not in context.job.config and "model_len_reason" not in context.trial.user_attrs
+    assert "max_model_len" not in context.job.config and read_trial(context.trial).model_len_reason is None
     small = launched["small KV"]
     assert small.job.config["max_model_len"] == 1008
-    assert "its KV cache (cpu_kvcache_space_gib 0.25) cannot hold" in small.trial.user_attrs["model_len_reason"]
+    assert "its KV cache (cpu_kvcache_space_gib 0.25) cannot hold" in read_trial(small.trial).model_len_reason
     whole = launched["no chunk"]
     assert whole.job.config["max_model_len"] == 1008
-    assert whole.trial.user_attrs["model_len_reason"].startswith("without chunked prefill")
+    assert read_trial(whole.trial).model_len_reason.startswith("without chunked prefill")
 
 
 def test_a_config_measured_already_is_skipped_as_a_duplicate_and_costs_nothing(tmp_path):
@@ -89,7 +91,7 @@ def test_a_config_measured_already_is_skipped_as_a_duplicate_and_costs_nothing(t
     skip = p.next()
     assert isinstance(skip, Skip) and skip.duplicate and skip.reason == "duplicate"
     trial = p.study.trials[skip.number]
-    assert trial.state == TrialState.PRUNED and trial.user_attrs["skipped"] == f"same config as trial {launch.job.number}"
+    assert trial.state == TrialState.PRUNED and read_trial(trial).skipped == f"same config as trial {launch.job.number}"
 
 
 def test_a_config_the_executor_cannot_place_is_skipped_with_its_reason(tmp_path):

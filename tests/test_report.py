@@ -193,9 +193,9 @@ def test_a_gain_within_the_resolution_keeps_the_defaults(tmp_path):
 
 
 def test_pareto_front_keeps_the_configs_nothing_beats():
-    points = [{"trial": n, "value": v, "lat": lat} for n, v, lat in
+    points = [outcomes.row(n, value=v, p99_ttft_ms=lat) for n, v, lat in
               [(0, 5, 100), (1, 7, 120), (2, 6, 150), (3, 9, 300), (4, 9, 400), (5, 4, 90)]]
-    assert [p["trial"] for p in pareto_front(points, "lat")] == [5, 0, 1, 3]
+    assert [p.trial for p in pareto_front(points, "p99_ttft_ms")] == [5, 0, 1, 3]
 
 
 def test_report_needs_a_servetune_study(tmp_path):
@@ -223,3 +223,46 @@ def test_a_version_1_level_reads_with_the_verdict_its_p99s_gave():
         del lv["verdict"], lv["tests"], lv["stopped"]
     read = TrialOutcome.read(stored)
     assert [(lv.verdict, lv.passed, lv.tests) for lv in read.levels] == [("pass", True, []), ("fail", False, [])]
+
+
+def test_a_trace_studys_rates_are_speed_ups_in_the_report_and_the_head_to_head(tmp_path):
+    from servetune.confirm import decide
+    from servetune.record import StudyRecord
+    from servetune.results import Results
+
+    trace = {"trace": {"path": "trace.csv"}, "request_rate": 1.0}
+    params = dict(zip(KNOBS, (8192, 256, True, 0.9)))
+    storage = make_study(tmp_path / "study.db", [("default", {}, ran({}, 18, 16, 180)),
+                                                 ("search", params, ran(dict(params), 30, 17, 140))],
+                         meta={"workload": trace})
+    record = StudyRecord(optuna.load_study(study_name=STUDY_NAME, storage=storage))
+    default, pick = Results(record).rows
+    defaults_fail = outcomes.ok(levels=[outcomes.level("confirm", pick.goodput_rate, verdict="fail",
+                                                       reasons=["tpot_p99_ms: 9 of 60 requests over 40 ms"])])
+    record.write_confirmation(decide(pick, default, defaults_fail, None, "x trace speed"))
+    html = html_text.unescape(write_report(storage, tmp_path / "report").read_text())
+    assert f"the defaults fail at {pick.goodput_rate:.2f} x trace speed (tpot_p99_ms: 9 of 60" in html
+    assert "goodput<small>x trace speed</small>" in html and "goodput (x trace speed within SLOs)" in html
+    assert "req/s;" not in html and "req/s within" not in html
+
+
+def test_a_multi_turn_studys_report_shows_its_turns(tmp_path):
+    from servetune.metrics import TurnMetrics
+
+    def turn(tokens: float, p99_ttft: float) -> TurnMetrics:
+        return TurnMetrics(completed=20, mean_input_tokens=tokens, mean_ttft_ms=p99_ttft / 2, median_ttft_ms=0,
+                           std_ttft_ms=0, p99_ttft_ms=p99_ttft, mean_tpot_ms=3.0, median_tpot_ms=0, std_tpot_ms=0,
+                           p99_tpot_ms=4.5)
+
+    per_turn = {"1": turn(256, 40.0), "2": turn(550, 61.0), "3": turn(845, 93.0)}
+    levels = [outcomes.level("capacity", math.inf, per_turn=per_turn),
+              outcomes.level("search", 4.0, per_turn=per_turn), outcomes.level("search", 5.0, passed=False)]
+    storage = make_study(tmp_path / "study.db", [("default", {}, outcomes.ok(
+        levels=levels, goodput_rate=4.0, goodput_bracket=(4.0, 5.0), request_throughput=9.0))])
+    html = write_report(storage, tmp_path / "report").read_text()
+    section = html[html.index('<section id="per-turn">'):html.index('<section id="effects">')]
+    assert "recommended</b> (trial #0), at 4.00 req/s" in section and "the defaults" not in section
+    assert [row.count("<tr>") for row in section.split("<tbody>")[1:]] == [3]
+    assert '<td class="n">845</td>' in section and "46.5 · 93.0" in section
+    single = make_study(tmp_path / "single.db", [("default", {}, ran({}, 18, 16, 180))])
+    assert 'id="per-turn"' not in write_report(single, tmp_path / "single").read_text()

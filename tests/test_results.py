@@ -1,25 +1,31 @@
-"""The one sentence a tune ends with (`results.answer`, printed by the CLI and the report): what to run, the rate
-it holds and how it was decided, or plainly that no rate held, and what was not done."""
+"""The one sentence a tune ends with (`results.answer`, printed by the CLI and the report): what to run, the rate it
+holds and how it was decided, or plainly that no rate held, and what was not done."""
 
-from servetune.results import answer
-
-
-def entry(trial: int, rate: float) -> dict:
-    return {"trial": trial, "goodput_rate": rate, "request_throughput": 2 * rate, "config": {}}
+import outcomes
+from servetune.record import HeadToHead
+from servetune.results import Summary, SummaryEntry, answer
 
 
-def row(trial: int, rate: float, bracket: tuple[float, float]) -> dict:
-    return {"trial": trial, "status": "ok", "value": rate, "goodput_bracket": list(bracket)}
+def entry(trial: int, rate: float) -> SummaryEntry:
+    return SummaryEntry(trial=trial, goodput_rate=rate, request_throughput=2 * rate, config={}, p99_ttft_ms=None,
+                        p99_tpot_ms=None, goodput_bracket=None)
 
 
-def summary(**given) -> dict:
-    return {"state": "complete", "not_done": [], "objective": "goodput", "rate_unit": "req/s", "confidence": 0.95,
-            "default": entry(0, 5.0), "best": entry(0, 5.0), "best_beats_default": False, "gain": None,
-            "confirmation": None} | given
+def row(trial: int, rate: float, bracket: tuple[float, float]):
+    return outcomes.row(trial, value=rate, goodput_bracket=list(bracket))
+
+
+def summary(**given) -> Summary:
+    return Summary(**{"state": "complete", "not_done": [], "time_limit_s": None, "elapsed_s": None,
+                      "objective": "goodput", "slo": {}, "rate_unit": "req/s", "confidence": 0.95,
+                      "default": entry(0, 5.0), "best": entry(0, 5.0), "best_beats_default": False, "gain": None,
+                      "confirmation": None, "budget": [], "trials": 1, "failed": 0, "skipped": 0, "model": "m",
+                      "strategy": "optuna", "vllm_version": "0.32.0", "device": "cpu"} | given)
 
 
 def test_a_confirmed_pick_says_its_rate_how_sure_and_why():
-    confirmation = {"recommended_goodput_rate": 10.0, "reason": "the defaults fail at 10.00 req/s (...)"}
+    confirmation = HeadToHead(verdict="confirmed", recommended_trial=3, recommended_goodput_rate=10.0,
+                              default_goodput_rate=5.0, reason="the defaults fail at 10.00 req/s (...)")
     text = answer(summary(best=entry(3, 10.0), best_beats_default=True, gain=1.0, confirmation=confirmation),
                   [row(0, 5.0, (5, 6)), row(3, 10.0, (10, 11))])
     assert text == ("Run trial #3's config: it holds 10.00 req/s within the SLOs (decided at 95% confidence); "
@@ -43,3 +49,8 @@ def test_no_rate_held_is_said_plainly_with_the_best_estimate_and_what_was_not_do
 
 def test_a_study_made_before_statistical_verdicts_says_how_its_rate_was_decided():
     assert "by its levels' p99s" in answer(summary(confidence=None), [row(0, 5.0, (5, 6))])
+
+
+def test_summary_json_has_a_command_and_headroom_only_with_a_best_config():
+    assert {"best_command", "headroom"} <= set(summary(best_command="vllm serve m").model_dump())
+    assert not {"best_command", "headroom"} & set(summary(best=None, default=None).model_dump())

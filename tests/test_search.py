@@ -9,8 +9,10 @@ from optuna.trial import TrialState
 
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
+from servetune.record import StudyRecord, TrialRecord, read_trial, write_trial
 from servetune.results import choose_best, vllm_config_yaml
-from servetune.search.objective import RateSearch, level_verdict, parse_slo
+from servetune.search.objective import RateSearch, level_verdict
+from servetune.slo import parse_slo
 from servetune.search.space import NO_CHUNK_REASON, SearchSpace, batched_tokens_ladder, build_space
 from servetune.search.strategies import SeedStrategy, make_strategy, suggest
 
@@ -168,8 +170,8 @@ def test_rate_search_stops_after_max_levels_and_when_nothing_passes():
 
 
 def _row(trial, role, value, bracket, status="ok"):
-    return {"trial": trial, "role": role, "status": status, "value": value, "goodput_rate": value,
-            "goodput_bracket": bracket, "request_throughput": value}
+    return outcomes.row(trial, role, status=status, value=value, goodput_rate=value, goodput_bracket=bracket,
+                        request_throughput=value)
 
 
 def test_best_must_beat_the_default_beyond_the_resolution():
@@ -191,9 +193,9 @@ def test_best_yaml_uses_vllm_flag_names():
 
 def _tell(study, value=None, preemptions=0, failed=False):
     trial = study.ask()
-    params = suggest(trial, SPACE) if trial.user_attrs.get("role") != "default" else {}
+    params = suggest(trial, SPACE) if read_trial(trial).role != "default" else {}
     out = outcomes.failed(kind="oom") if failed else outcomes.ok(preemptions=preemptions)
-    trial.set_user_attr("outcome", out.stored())
+    write_trial(trial, outcome=out)
     if failed:
         study.tell(trial, state=TrialState.PRUNED)
     else:
@@ -207,7 +209,7 @@ SPACE = build_space(CPU, 1000, context=4096)
 def test_seed_strategy_walks_the_chunk_ladder_and_stops_at_preemptions():
     strategy = SeedStrategy(SPACE, budget=10, seed=0, constrained=False)
     study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
-    study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    StudyRecord(study).enqueue({}, TrialRecord(role="default", planned={}))
     _tell(study, 5.0)
     assert strategy.plan_next(study)
     first = _tell(study, 6.0)
@@ -224,7 +226,7 @@ def test_seed_strategy_walks_the_chunk_ladder_and_stops_at_preemptions():
 def test_seed_strategy_tries_enforce_eager_only_after_an_oom():
     strategy = SeedStrategy(SPACE, budget=50, seed=0, constrained=False)
     study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
-    study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+    StudyRecord(study).enqueue({}, TrialRecord(role="default", planned={}))
     _tell(study, 5.0)
     configs = []
     while strategy.plan_next(study) and len(configs) < 40:
@@ -254,4 +256,48 @@ def test_optuna_starts_from_the_procedures_first_rung():
     assert first["enable_chunked_prefill"] is True and first["max_num_batched_tokens"] == 512
     assert first["max_num_seqs"] == 128 and first["cpu_kvcache_space_gib"] == 1
     strategy.plan_next(study)
-    assert study.ask().user_attrs.get("role") != "anchor"  # only once
+    assert read_trial(study.ask()).role != "anchor"  # only once
+
+
+def test_every_slo_names_a_metric_a_level_has():
+    from servetune.metrics import LevelMetrics
+    from servetune.slo import LATENCIES, latency
+
+    for each in LATENCIES:
+        assert {each.p99_field, each.mean_field} <= set(LevelMetrics.model_fields)
+        assert latency(each.slo) is each and parse_slo({each.slo: 1}) == {each.slo: 1.0}
+    assert [t.slo for t in LATENCIES if t.counts == "gaps"] == ["itl_p99_ms"]
+    assert [t.slo for t in LATENCIES if t.prefill_bound] == ["tpot_p99_ms", "itl_p99_ms"]
+
+
+def test_a_strategy_registers_itself_and_the_cli_offers_it(monkeypatch):
+    from servetune.search import strategies
+    from servetune.search.strategies import REGISTRY, register, strategy_help
+
+    monkeypatch.setattr(strategies, "REGISTRY", dict(REGISTRY))
+
+    @register("annealing", help="simulated annealing", why="the annealer's next step")
+    class Annealing(strategies.GridStrategy):
+        pass
+
+    assert isinstance(make_strategy("annealing", SPACE, 6, 0, False), Annealing)
+    assert strategies.REGISTRY["annealing"].why == "the annealer's next step"
+    assert "annealing (simulated annealing)" in strategy_help() and list(REGISTRY) == ["optuna", "grid", "seed"]
+
+
+def test_a_knob_is_declared_once_for_the_space_the_procedure_and_the_memory_model():
+    from servetune.knobs import KNOBS, OPTIONAL, first_rung, knob
+    from servetune.memory import Device, GiB, ModelShape, resolve_engine_args
+
+    gpu = build_space(InstalledVllm("0.24.0", "cuda", FLAGS), 1000, optional=["block_size"])
+    assert [k.name for k in SPACE.knobs] == [k.arg for k in KNOBS if k.option is None and k.values(True, 1008)]
+    assert gpu.knob("block_size").choices == knob("block_size").gpu and gpu.knob("cpu_kvcache_space_gib") is None
+    assert list(OPTIONAL) == ["block_size", "kv_cache_dtype", "cudagraph_capture", "tensor_parallel_size"]
+    with pytest.raises(ServetuneError, match="choose from block_size, kv_cache_dtype"):
+        build_space(CPU, 1000, optional=["colour"])
+    assert first_rung()["max_num_batched_tokens"] == 512
+    tiny = ModelShape.from_config({"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 4,
+                                   "num_key_value_heads": 2, "intermediate_size": 768, "vocab_size": 4096,
+                                   "max_position_embeddings": 4096, "torch_dtype": "float32"})
+    resolved = resolve_engine_args(tiny, Device(64 * GiB, kind="cpu"), {})
+    assert resolved["block_size"] == knob("block_size").default_cpu == 128

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from servetune.bench import measure_level
-from servetune.loadgen import RequestRecord, Target, run_load_sync
+from servetune.loadgen import LoadShape, RequestRecord, Target, run_load_sync
 from servetune.metrics import per_turn
 from servetune.tinymodel import write_tiny_model
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload
@@ -208,15 +208,15 @@ def test_a_failed_turn_ends_its_session(echo):
 def test_sessions_start_on_the_schedule_at_rate_times_sessions_over_turns(echo):
     # 4 sessions of 2 turns at 20 turns/s: sessions start at 10/s, the last one due at 8 / 20 = 0.4 s
     turns = [t for s in range(4) for t in conversation(s, ["a", "b"])]
-    result = run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake", "chat"), turns, request_rate=20,
-                           burstiness=float("inf"))
+    result = run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake", "chat"), turns,
+                           LoadShape(request_rate=20, burstiness=float("inf")))
     firsts = [r.scheduled_ns - result.start_ns for r in result.records if r.turn == 0]
     assert firsts == [100_000_000, 200_000_000, 300_000_000, 400_000_000]
 
 
 def test_max_concurrency_caps_the_sessions_at_once(echo):
     turns = [t for s in range(3) for t in conversation(s, ["a", "b", "c"], think_s=0.02)]
-    result = run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake", "chat"), turns, max_concurrency=1)
+    result = run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake", "chat"), turns, LoadShape(max_concurrency=1))
     spans = sorted((min(r.start_ns for r in rs), max(r.end_ns for r in rs))
                    for rs in ([r for r in result.records if r.session == s] for s in range(3)))
     assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
@@ -254,7 +254,7 @@ def test_real_server_sees_the_history_and_hits_its_prefix_cache(vllm_server, tin
                          sessions={"turns": {"type": "fixed", "value": 3}, "think_time_s": 0.1})
     tok = load_tokenizer(tiny_model)
     turns = build_requests(spec, tok, seed=77)
-    level = measure_level(Target(vllm_server.base_url, str(tiny_model), "chat"), turns, request_rate=10)
+    level = measure_level(Target(vllm_server.base_url, str(tiny_model), "chat"), turns, LoadShape(request_rate=10))
     records = level.load.records
     assert all(r.ok for r in records) and {r.turn for r in records} == {0, 1, 2}
     for r in records:  # the server counted the conversation with the model's real replies in it

@@ -4,6 +4,7 @@ measured trials rule out (a prefill step longer than the p99 ITL SLO)."""
 import optuna
 import outcomes
 
+from servetune.record import read_trial, write_trial
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.strategies import make_strategy
 
@@ -20,7 +21,7 @@ def _ladder_walk(values: dict[int, float]) -> list[int]:
         waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
         if not waiting:
             break
-        chunk = waiting[0].user_attrs["planned"]["max_num_batched_tokens"]
+        chunk = read_trial(waiting[0]).planned["max_num_batched_tokens"]
         walked.append(chunk)
         params = _tell(study, values.get(chunk), failed=chunk not in values)
         assert params["enable_chunked_prefill"] is True and params["max_num_seqs"] <= chunk
@@ -48,11 +49,11 @@ def test_the_ladder_climbs_from_the_anchor_and_does_not_come_back_down():
         waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
         if not waiting:
             break
-        chunk = waiting[0].user_attrs["planned"]["max_num_batched_tokens"]
+        chunk = read_trial(waiting[0]).planned["max_num_batched_tokens"]
         walked.append(chunk)
         trial = study.ask()
-        assert trial.user_attrs["role"] == "ladder" and f"chunk {chunk}" in trial.user_attrs["why"]
-        trial.set_user_attr("outcome", outcomes.ok().stored())
+        assert read_trial(trial).role == "ladder" and f"chunk {chunk}" in read_trial(trial).why
+        write_trial(trial, outcome=outcomes.ok())
         study.tell(trial, values[chunk])
     assert walked == [512, 1024, 2048, 4096]  # climbed past the start: 256 is never tried
 
@@ -61,7 +62,7 @@ def test_without_a_latency_slo_the_warm_start_is_the_single_anchor():
     strategy = make_strategy("optuna", SPACE, budget=6, seed=0, constrained=False, slo=("ttft_p99_ms",))
     study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
     strategy.plan_next(study)
-    assert [t.user_attrs["role"] for t in study.trials] == ["anchor"]
+    assert [read_trial(t).role for t in study.trials] == ["anchor"]
 
 
 def _outcome(levels):

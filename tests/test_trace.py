@@ -9,7 +9,7 @@ import pytest
 from test_sessions import EchoServer
 
 from servetune.bench import measure_level
-from servetune.loadgen import Target, run_load_sync
+from servetune.loadgen import LoadShape, Target, run_load_sync
 from servetune.loadgen.arrival import replay_ns
 from servetune.tinymodel import write_tiny_model
 from servetune.trial import LevelOptions, TrialPlan, requests_per_s
@@ -134,7 +134,7 @@ def test_the_load_generator_replays_the_arrivals(tokenizer, tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("timestamp,input_tokens,output_tokens\n" + "".join(f"{t},5,1\n" for t in (0, 0.2, 0.3, 0.8)))
     requests = build_requests(trace_spec(path), tokenizer)
-    result = run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake"), requests, request_rate=2.0)
+    result = run_load_sync(Target(f"http://127.0.0.1:{echo.port}", "fake"), requests, LoadShape(request_rate=2.0))
     due = [r.scheduled_ns - result.start_ns for r in result.records]
     assert due == [0, 100_000_000, 150_000_000, 400_000_000]
     assert all(r.ok and r.start_ns >= r.scheduled_ns for r in result.records)
@@ -160,7 +160,7 @@ def test_example_trace(tokenizer):
 
 def test_real_server_replays_a_trace(vllm_server, tiny_model, tokenizer):
     level = measure_level(Target(vllm_server.base_url, str(tiny_model)),
-                          build_requests(load_workload(EXAMPLES / "trace.yaml"), tokenizer, count=20), request_rate=8.0)
+                          build_requests(load_workload(EXAMPLES / "trace.yaml"), tokenizer, count=20), LoadShape(request_rate=8.0))
     records = level.load.records
     assert all(r.ok for r in records) and len(records) == 20
     assert [r.prompt_tokens for r in records] == [r.prompt_len for r in records]

@@ -14,6 +14,7 @@ import pytest
 from servetune.engine import probe
 from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerError, WorkerLost
+from servetune.record import StudyRecord
 from servetune.study import STUDY_NAME
 from servetune.trial import LevelOptions
 from servetune.tune import TuneOptions, tune
@@ -82,18 +83,18 @@ def test_two_trials_in_flight_distinct_configs_and_a_lost_trial_runs_again(tiny_
     summary = tune(options(tiny_model, tmp_path, storage, budget=6), executor=stand_in)
 
     assert stand_in.most_at_once == 2
-    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    lost = study.trials[1]
-    assert lost.state == TrialState.FAIL and lost.user_attrs["interrupted"].startswith("worker lost")
-    again = [t for t in study.trials if t.number > 1 and t.user_attrs.get("planned") == lost.user_attrs["planned"]
-             and t.user_attrs.get("role") == lost.user_attrs["role"]]
+    trials = StudyRecord(optuna.load_study(study_name=STUDY_NAME, storage=storage)).trials()
+    lost = trials[1]
+    assert lost.state == TrialState.FAIL and lost.record.interrupted.startswith("worker lost")
+    again = [t for t in trials if t.number > 1 and t.record.planned == lost.record.planned
+             and t.record.role == lost.record.role]
     assert len(again) == 1 and again[0].state == TrialState.COMPLETE
-    assert again[0].user_attrs["config_requested"] == lost.user_attrs["config_requested"]
-    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    assert len(complete) == 6 and summary["trials"] == 6
-    configs = [t.user_attrs["config_requested"] for t in complete]
+    assert again[0].record.config_requested == lost.record.config_requested
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 6 and summary.trials == 6
+    configs = [t.record.config_requested for t in complete]
     assert all(configs.count(c) == 1 for c in configs)  # none measured twice
-    assert {t.user_attrs.get("role", "search") for t in complete} == {"default", "anchor", "search"}
+    assert {t.record.role for t in complete} == {"default", "anchor", "search"}
     assert len(stand_in.submitted) == 7  # six measured and the one lost
 
 
@@ -101,8 +102,8 @@ def test_workers_that_keep_dying_stop_the_tune_with_their_configs_queued(tiny_mo
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     with pytest.raises(WorkerError, match="3 trials in a row lost their worker"):
         tune(options(tiny_model, tmp_path, storage, budget=6), executor=StandIn(slots=2, lose=set(range(100))))
-    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    lost = [t for t in study.trials if t.state == TrialState.FAIL]
-    assert len(lost) == 3 and all(t.user_attrs["interrupted"].startswith("worker lost") for t in lost)
-    pending = [t for t in study.trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
-    assert sorted(t.user_attrs["role"] for t in pending) == ["anchor", "default"]  # --resume runs both again
+    trials = StudyRecord(optuna.load_study(study_name=STUDY_NAME, storage=storage)).trials()
+    lost = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(lost) == 3 and all(t.record.interrupted.startswith("worker lost") for t in lost)
+    pending = [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+    assert sorted(t.record.role for t in pending) == ["anchor", "default"]  # --resume runs both again

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from conftest import vllm_processes, wait_for
 from servetune.engine.launcher import free_port
+from servetune.record import StudyRecord
 from servetune.study import STUDY_NAME
 
 SERVETUNE = [sys.executable, "-m", "servetune"]
@@ -71,27 +72,27 @@ def test_tune_stopped_mid_trial_by_sigint_sigterm_or_sigkill_resumes_and_its_bes
 
     # 3. SIGKILL (no handler runs) while trial 3 runs: no server is left and the study's lock is not held
     proc = stop_during_trial(3, signal.SIGKILL, "--resume")
-    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    first = study.trials[0]
-    assert first.state == TrialState.COMPLETE and first.user_attrs["role"] == "default"
-    assert [t.state for t in study.trials[1:]] == [TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING]
+    first = StudyRecord(optuna.load_study(study_name=STUDY_NAME, storage=storage)).trials()[0]
+    trials = optuna.load_study(study_name=STUDY_NAME, storage=storage).trials
+    assert first.state == TrialState.COMPLETE and first.record.role == "default"
+    assert [t.state for t in trials[1:]] == [TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING]
 
     # 4. resume: trial 0 is kept, trial 1's config runs again, the budget is filled
     done = subprocess.run(tune_args(tiny_model, workload, out, "--resume"), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    assert study.trials[0].value == first.value and study.trials[0].user_attrs == first.user_attrs
-    assert all(study.trials[n].user_attrs["interrupted"] for n in (1, 2, 3))
-    rerun = study.trials[4]
-    assert rerun.user_attrs["planned"] == study.trials[1].user_attrs["planned"]
-    launched = [t for t in study.trials if "outcome" in t.user_attrs and t.state != TrialState.FAIL]
+    trials = StudyRecord(optuna.load_study(study_name=STUDY_NAME, storage=storage)).trials()
+    assert trials[0].value == first.value and trials[0].record == first.record
+    assert all(trials[n].record.interrupted for n in (1, 2, 3))
+    rerun = trials[4]
+    assert rerun.record.planned == trials[1].record.planned
+    launched = [t for t in trials if t.outcome is not None and t.state != TrialState.FAIL]
     assert len(launched) == 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["state"] == "complete" and summary["trials"] == 2 and summary["default"]["trial"] == 0
     assert summary["default"]["goodput_rate"] > 0 and summary["best"]["request_throughput"] > 0
     assert len((out / "trials.csv").read_text().splitlines()) == 3
     for t in launched:
-        o = t.user_attrs["outcome"]
+        o = t.outcome.stored()
         assert o["status"] == "ok" and o["levels"][0]["name"] == "capacity"
         assert (out / o["artifacts"] / o["levels"][0]["records"]).exists()
         decided = [lv for lv in o["levels"][1:] if lv["verdict"] == "pass"]

@@ -118,9 +118,12 @@ def test_each_trial_is_announced_before_it_runs(tiny_model, tmp_path):
 def test_the_study_keeps_the_models_context_and_tightens_no_lower_than_the_floor(tiny_model, tmp_path):
     import optuna
 
+    from servetune.record import StudyRecord
+
     tune(options(tiny_model, tmp_path, budget=1, min_model_len=2000), executor=InProcess([]))
-    meta = optuna.load_study(study_name="servetune", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}").user_attrs["meta"]
-    assert meta["model_len"]["context"] == 4096 and meta["model_len"]["floor"] == 2000
-    assert meta["model_len"]["need"] == 64  # 32 prompt tokens + 8, plus 16 of headroom, rounded up to 16
-    assert meta["space"]["max_model_len"] == 2000 and meta["space"]["context"] == 4096
-    assert "max_model_len" not in meta["space"]["fixed"]
+    storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    meta = StudyRecord(optuna.load_study(study_name="servetune", storage=storage)).meta
+    assert meta.model_len["context"] == 4096 and meta.model_len["floor"] == 2000
+    assert meta.model_len["need"] == 64  # 32 prompt tokens + 8, plus 16 of headroom, rounded up to 16
+    assert meta.space["max_model_len"] == 2000 and meta.space["context"] == 4096
+    assert "max_model_len" not in meta.space["fixed"]

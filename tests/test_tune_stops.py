@@ -13,7 +13,7 @@ import pytest
 import outcomes
 from servetune.engine import probe
 from servetune.engine.logfacts import StartupFacts
-from servetune.executors import Job
+from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study import StudyError, StudyLock, default_storage
 from servetune.timelimit import TimePlan, parse_duration
 from servetune.trial import LevelOptions
@@ -30,8 +30,10 @@ class StandIn:
 
     slots = 1
 
-    def __init__(self, rates: dict[int, float], out, wall_s: float = 60.0, interrupt_head_to_head: bool = False):
+    def __init__(self, rates: dict[int, float], out, wall_s: float = 60.0, interrupt_head_to_head: bool = False,
+                 lose_head_to_head: int = 0):
         self.rates, self.out, self.wall_s, self.interrupt = rates, out, wall_s, interrupt_head_to_head
+        self.lose = lose_head_to_head  # head-to-heads whose worker dies before one runs
         self.seen: list[dict | None] = []
         self.jobs: list[Job] = []
 
@@ -49,6 +51,10 @@ class StandIn:
         if job.plan.fixed_levels:
             if self.interrupt:
                 raise KeyboardInterrupt
+            if self.lose:
+                self.lose -= 1
+                future.set_exception(WorkerLost("the node running it died"))
+                return future
             (rate, _), = job.plan.fixed_levels
             future.set_result(outcomes.ok(job.config, levels=[outcomes.level(
                 "confirm", rate, verdict="fail", reasons=["tpot_p99_ms: 9 of 60 requests over 25 ms"])]))
@@ -107,11 +113,11 @@ def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(t
     executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0)
     summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=250), executor=executor)
     assert len(executor.jobs) == 1  # a 220 s trial and the head-to-head do not fit in what is left of 250 s
-    assert summary["state"] == "time-limit" and summary_of(tmp_path)["state"] == "time-limit"
-    assert "2 of 3 trials not launched" in summary["not_done"][0]
-    assert summary["best"]["trial"] == 0 and summary["confirmation"]["recommended_goodput_rate"] == 5.0
+    assert summary.state == "time-limit" and summary_of(tmp_path)["state"] == "time-limit"
+    assert "2 of 3 trials not launched" in summary.not_done[0]
+    assert summary.best.trial == 0 and summary.confirmation.recommended_goodput_rate == 5.0
     assert executor.jobs[0].deadline is not None  # the trial itself was given the time it could have
-    assert "At the time limit: run vLLM's defaults: it holds 5.00 req/s" in summary["answer"]
+    assert "At the time limit: run vLLM's defaults: it holds 5.00 req/s" in summary.answer
 
 
 def test_outputs_are_written_after_every_trial_and_an_interrupted_head_to_head_resumes(tiny_model, tmp_path):
@@ -130,8 +136,8 @@ def test_outputs_are_written_after_every_trial_and_an_interrupted_head_to_head_r
     summary = tune(options(tiny_model, tmp_path, budget=2, resume=True), executor=again)
     assert [bool(j.plan.fixed_levels) for j in again.jobs] == [True]  # only the head-to-head was left to do
     assert again.jobs[0].plan.fixed_levels[0][0] == 10.0  # the defaults at the pick's rate
-    assert summary["state"] == "complete" and summary["confirmation"]["verdict"] == "confirmed"
-    assert summary["best"]["trial"] == 1 and summary["gain"] == pytest.approx(1.0)
+    assert summary.state == "complete" and summary.confirmation.verdict == "confirmed"
+    assert summary.best.trial == 1 and summary.gain == pytest.approx(1.0)
     assert summary_of(tmp_path)["state"] == "complete"
 
 
@@ -145,7 +151,7 @@ def test_a_second_tuner_on_a_study_is_refused_naming_the_holder(tiny_model, tmp_
         assert not (out / "study.db").exists()  # refused before it touched the study
     finally:
         held.release()
-    assert tune(options(tiny_model, tmp_path, budget=1), executor=StandIn({0: 5.0}, out))["trials"] == 1
+    assert tune(options(tiny_model, tmp_path, budget=1), executor=StandIn({0: 5.0}, out)).trials == 1
     assert not (out / StudyLock.FILE).exists()  # released with the run
 
 
@@ -160,8 +166,48 @@ def test_resume_refuses_a_study_made_with_other_options(tiny_model, tmp_path):
         tune(levels, executor=StandIn({1: 6.0}, tmp_path / "out"))
     # the budget and the time limit may change
     more = options(tiny_model, tmp_path, budget=2, resume=True, confirm=False, time_limit_s=3600)
-    assert tune(more, executor=StandIn({0: 6.0}, tmp_path / "out"))["trials"] == 2
+    assert tune(more, executor=StandIn({0: 6.0}, tmp_path / "out")).trials == 2
 
 
 class Quiet(Hooks):
     pass
+
+
+class Lost(Hooks):
+    def __init__(self):
+        self.lost: list[str] = []
+
+    def confirm_lost(self, number: int, reason: str) -> None:
+        self.lost.append(reason)
+
+
+def test_a_head_to_head_whose_worker_is_lost_runs_again_as_a_search_trial_would(tiny_model, tmp_path):
+    executor, hooks = StandIn({0: 5.0, 1: 10.0}, tmp_path / "out", lose_head_to_head=2), Lost()
+    summary = tune(options(tiny_model, tmp_path, budget=2), hooks, executor=executor)
+    assert [bool(j.plan.fixed_levels) for j in executor.jobs] == [False, False, True, True, True]
+    assert hooks.lost == ["the node running it died"] * 2
+    assert summary.confirmation.verdict == "confirmed" and not summary.not_done
+
+
+def test_head_to_heads_that_keep_losing_their_worker_stop_the_tune_for_a_resume(tiny_model, tmp_path):
+    with pytest.raises(WorkerError, match="3 trials in a row lost their worker .*continue with --resume"):
+        tune(options(tiny_model, tmp_path, budget=2), executor=StandIn({0: 5.0, 1: 10.0}, tmp_path / "out",
+                                                                       lose_head_to_head=99))
+    summary = tune(options(tiny_model, tmp_path, budget=2, resume=True), executor=StandIn({}, tmp_path / "out"))
+    assert summary.confirmation.verdict == "confirmed"  # the resume ran the head-to-head only
+
+
+def test_the_cli_says_a_lost_worker_in_one_line(monkeypatch, capsys):
+    import typer
+
+    from servetune import cli
+
+    def lost(opts):
+        raise WorkerLost("ActorDiedError: the worker died")
+
+    monkeypatch.setattr(cli, "_tune", lost)
+    monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
+    with pytest.raises(typer.Exit) as stop:
+        cli._tune_guarded(None)
+    assert stop.value.exit_code == 1
+    assert "a trial's worker was lost (ActorDiedError: the worker died)" in capsys.readouterr().err

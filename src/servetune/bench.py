@@ -1,13 +1,13 @@
 """One measured load level: send the requests, derive the metrics, and note what the server counted."""
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
 from servetune.engine import scrape
 from servetune.errors import ServetuneError
-from servetune.loadgen import LoadResult, RequestRecord, Target, run_load_sync
+from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
 from servetune.metrics import LevelMetrics, summarize
 from servetune.workload import RequestSpec
 
@@ -93,25 +93,17 @@ def _scrape(base_url: str) -> dict | None:
 def measure_level(
     target: Target,
     requests: Sequence[RequestSpec],
-    *,
-    request_rate: float,
-    burstiness: float = 1.0,
-    max_concurrency: int | None = None,
-    warmup_requests: int = 0,
-    seed: int = 0,
+    shape: LoadShape,
     goodput_slo: Mapping[str, float] | None = None,
-    request_timeout_s: float | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     should_stop: Callable[[Sequence[RequestRecord]], bool] | None = None,
 ) -> LevelResult:
-    """Run one level against `target` and summarise it; /metrics is scraped before and after. A request
-    fails as `timeout` after `request_timeout_s` without a byte (default: `default_request_timeout_s`)."""
+    """Run one level against `target` in the load's `shape` and summarise it; /metrics is scraped before and
+    after. A request fails as `timeout` after the shape's request timeout without a byte (default:
+    `default_request_timeout_s`)."""
     before = _scrape(target.base_url)
-    load = run_load_sync(
-        target, requests, request_rate=request_rate, burstiness=burstiness, max_concurrency=max_concurrency,
-        warmup_requests=warmup_requests, seed=seed, on_record=on_record, should_stop=should_stop,
-        request_timeout_s=request_timeout_s or default_request_timeout_s(requests),
-    )
+    timeout_s = shape.request_timeout_s or default_request_timeout_s(requests)
+    load = run_load_sync(target, requests, replace(shape, request_timeout_s=timeout_s), on_record, should_stop)
     after = _scrape(target.base_url)
     server = scrape.delta(before, after) if before is not None and after is not None else None
     return LevelResult(load, summarize(load, goodput_slo), server)

@@ -10,40 +10,46 @@ the pick is recommended at its own rate and the record says the gain is not show
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from servetune.executors import Executor, Job, WorkerLost
+from servetune.dispatch import Dispatch
+from servetune.executors import Job
 from servetune.outcome import LevelOutcome, TrialOutcome
-from servetune.search.objective import SLO_METRICS
+from servetune.record import HeadToHead, LevelRecord
+from servetune.results import TrialRow
+from servetune.slo import REQUESTS_PER_S, latency
 from servetune.trial import TrialPlan
 from servetune.verdict import Decision
 
 HEAD_TO_HEAD_SEED = 1_000  # arrival order of the head-to-head level, apart from the search's seeds
 
 
-def candidates_of(rows: list[dict], default: dict | None, significant) -> list[dict]:
+def candidates_of(rows: list[TrialRow], default: TrialRow | None,
+                  significant: Callable[[TrialRow, TrialRow], bool]) -> list[TrialRow]:
     """Measured configs that beat the defaults in the search beyond resolution, best first."""
     if default is None:
         return []
-    ok = [r for r in rows if r["status"] == "ok" and r["role"] != "default" and r["value"] is not None
-          and math.isfinite(r["value"]) and significant(r, default)]
-    return sorted(ok, key=lambda r: r["value"], reverse=True)
+    ok = [r for r in rows if r.ok and r.role != "default" and r.value is not None and math.isfinite(r.value)
+          and significant(r, default)]
+    return sorted(ok, key=lambda r: r.value, reverse=True)
 
 
-def head_to_head_job(default: dict, rate: float, plan: TrialPlan, level_set: list, out: Path,
+def head_to_head_job(default: TrialRow, rate: float, plan: TrialPlan, level_set: list, out: Path,
                      deadline: float | None) -> Job:
     """The defaults at `rate`: one level with a fresh prompt set (`level_set`, warm-up requests included)."""
     plan = replace(plan, level_sets=[level_set], fixed_levels=[(rate, HEAD_TO_HEAD_SEED)])
-    return Job(default["trial"], default["config"], plan, out / "confirm" / "default", deadline)
+    return Job(default.trial, default.config, plan, out / "confirm" / "default", deadline)
 
 
-def level_record(level: LevelOutcome) -> dict[str, Any]:
-    """What the summary keeps of a level that decided a verdict."""
-    return {"rate": level.rate, "verdict": str(level.verdict), "reasons": level.reasons,
-            "requests": level.metrics.completed, "tests": [t.model_dump(mode="json") for t in level.tests],
-            "p99": {t.slo: getattr(level.metrics, SLO_METRICS[t.slo]) for t in level.tests}}
+def level_record(level: LevelOutcome, trial: int | None = None) -> LevelRecord:
+    """What the summary keeps of a level that decided a verdict (the pick's: with its trial)."""
+    fields = {} if trial is None else {"trial": trial}
+    return LevelRecord(**fields, rate=level.rate, verdict=str(level.verdict), reasons=level.reasons,
+                       requests=level.metrics.completed, tests=level.tests,
+                       p99={t.slo: latency(t.slo).p99(level.metrics) for t in level.tests})
 
 
 def deciding_level(outcome: TrialOutcome, rate: float) -> LevelOutcome | None:
@@ -51,57 +57,53 @@ def deciding_level(outcome: TrialOutcome, rate: float) -> LevelOutcome | None:
     return next((lv for lv in outcome.levels if lv.passed and lv.rate == rate), None)
 
 
-def decide(pick: dict | None, default: dict | None, default_outcome: TrialOutcome | None,
-           pick_level: LevelOutcome | None) -> dict[str, Any]:
+def decide(pick: TrialRow | None, default: TrialRow | None, default_outcome: TrialOutcome | None,
+           pick_level: LevelOutcome | None, rate_unit: str = REQUESTS_PER_S) -> HeadToHead:
     """The recommendation from the search rows (`pick`: the best candidate, None when none beat the defaults)
-    and the defaults' head-to-head outcome at the pick's rate (None: not run). The record keeps the keys
-    summary.json has always had: verdict, reason, recommended_trial, recommended_goodput_rate,
-    default_goodput_rate."""
-    record: dict[str, Any] = {"method": "head-to-head", "pick": None, "head_to_head": None}
-    base = default["goodput_rate"] if default else None
+    and the defaults' head-to-head outcome at the pick's rate (None: not run), its reason in the study's
+    `rate_unit`."""
+    base = default.goodput_rate if default else None
     if pick is None:
         rate = base or 0.0
-        return record | {
-            "verdict": "defaults", "recommended_trial": default["trial"], "recommended_goodput_rate": rate or None,
-            "default_goodput_rate": rate or None,
-            "reason": "no searched config beat them"}
-    rate = pick["goodput_rate"]
-    record["pick"] = {"trial": pick["trial"], **(level_record(pick_level) if pick_level else {"rate": rate})}
+        return HeadToHead(method="head-to-head", pick=None, head_to_head=None, verdict="defaults",
+                          recommended_trial=default.trial, recommended_goodput_rate=rate or None,
+                          default_goodput_rate=rate or None, reason="no searched config beat them")
+    rate = pick.goodput_rate
     level = default_outcome.levels[0] if default_outcome is not None and default_outcome.levels else None
-    if level is not None:
-        record["head_to_head"] = level_record(level)
-    name = f"trial {pick['trial']}"
+    decided = HeadToHead(
+        method="head-to-head",
+        pick=level_record(pick_level, pick.trial) if pick_level else LevelRecord(trial=pick.trial, rate=rate),
+        head_to_head=level_record(level) if level is not None else None, verdict="not run",
+        recommended_trial=pick.trial, recommended_goodput_rate=rate, default_goodput_rate=base, reason="")
+    name = f"trial {pick.trial}"
     if level is None:
         why = (default_outcome.failure and str(default_outcome.failure)) if default_outcome else None
-        return record | {
-            "verdict": "not run", "recommended_trial": pick["trial"], "recommended_goodput_rate": rate,
-            "default_goodput_rate": base,
-            "reason": f"{name} holds {rate:.2f} req/s; the defaults were not measured at that rate"
-                      + (f" ({why})" if why else "")}
+        return decided.model_copy(update={
+            "reason": f"{name} holds {rate:.2f} {rate_unit}; the defaults were not measured at that rate"
+                      + (f" ({why})" if why else "")})
     if level.verdict == Decision.FAIL:
-        return record | {
-            "verdict": "confirmed", "recommended_trial": pick["trial"], "recommended_goodput_rate": rate,
-            "default_goodput_rate": base,
-            "reason": f"the defaults fail at {rate:.2f} req/s ({'; '.join(level.reasons[:2])})"}
+        return decided.model_copy(update={
+            "verdict": "confirmed",
+            "reason": f"the defaults fail at {rate:.2f} {rate_unit} ({'; '.join(level.reasons[:2])})"})
     if level.verdict == Decision.PASS:
-        return record | {
-            "verdict": "not confirmed", "recommended_trial": default["trial"], "recommended_goodput_rate": rate,
-            "default_goodput_rate": rate,
-            "reason": f"the defaults hold {rate:.2f} req/s too, where {name} holds it: keep the defaults"}
-    return record | {
-        "verdict": "undecided", "recommended_trial": pick["trial"], "recommended_goodput_rate": rate,
-        "default_goodput_rate": base,
-        "reason": f"{name} holds {rate:.2f} req/s; at that rate the defaults were undecided "
-                  f"({'; '.join(level.reasons[:2])}): the gain is not shown"}
+        return decided.model_copy(update={
+            "verdict": "not confirmed", "recommended_trial": default.trial, "default_goodput_rate": rate,
+            "reason": f"the defaults hold {rate:.2f} {rate_unit} too, where {name} holds it: keep the defaults"})
+    return decided.model_copy(update={
+        "verdict": "undecided",
+        "reason": f"{name} holds {rate:.2f} {rate_unit}; at that rate the defaults were undecided "
+                  f"({'; '.join(level.reasons[:2])}): the gain is not shown"})
 
 
-def run_head_to_head(job: Job, executor: Executor, hooks: Any) -> TrialOutcome | None:
-    """Run the head-to-head job (the search is over: a slot is free); None when its worker was lost."""
+def run_head_to_head(job: Job, running: Dispatch, hooks: Any) -> TrialOutcome:
+    """Run the head-to-head job (the search is over: a slot is free), again when its worker is lost, as a search
+    trial is (`Dispatch.wait` gives up after a few in a row)."""
     hooks.confirm_started(job.number, job.config, [rate for rate, _ in job.plan.fixed_levels])
-    future = executor.submit(job)
-    try:
-        outcome = future.result()
-    except WorkerLost:
-        return None
-    hooks.confirm_finished(job.number, outcome)
-    return outcome
+    while True:
+        if not running.submit(job, job):
+            raise RuntimeError(f"the executor took no head-to-head with nothing else running: {job.config}")
+        for finished in running.wait():
+            if finished.outcome is not None:
+                hooks.confirm_finished(job.number, finished.outcome)
+                return finished.outcome
+            hooks.confirm_lost(job.number, finished.lost)

@@ -4,3 +4,7 @@ any `ServetuneError`; anything else is a bug and keeps its traceback."""
 
 class ServetuneError(Exception):
     """Bad input or set-up, said in one line naming the problem."""
+
+
+class StudyError(ServetuneError):
+    """A study cannot be created, resumed or read as asked."""

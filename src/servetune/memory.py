@@ -26,6 +26,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
+from servetune.knobs import CPU_KVCACHE_SPACE, knob
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -38,9 +40,6 @@ GPU_CUDAGRAPH_BYTES_PER_CAPTURE_SIZE = 8 * MiB  # prior: both reference points c
 # ("0.71 GiB memory was consumed by non-kv usages").
 CPU_NON_TORCH_BYTES = 720 * MiB
 DEFAULT_HEADROOM_BYTES = 2 * GiB  # device memory left outside vLLM's budget by choose_gpu_memory_utilization
-
-# servetune's engine arg for the CPU KV size in GiB (fractional), launched as --kv-cache-memory-bytes
-CPU_KVCACHE_SPACE_ARG = "cpu_kvcache_space_gib"
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 _SAFETENSORS_FLOATS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
@@ -329,12 +328,12 @@ def resolve_engine_args(shape: ModelShape, device: Device, engine_args: Mapping[
     """The memory-relevant args with vLLM's defaults for the OpenAI server filled in (`EngineArgs.
     get_batch_defaults`; CPU platform block size 128). Unknown args are kept; None means unset."""
     args = {k.replace("-", "_"): v for k, v in engine_args.items() if v is not None}
-    tp = args.setdefault("tensor_parallel_size", 1)
-    args.setdefault("gpu_memory_utilization", 0.9)
+    on_cpu = device.kind == "cpu"
+    tp = args.setdefault("tensor_parallel_size", knob("tensor_parallel_size").vllm_default(on_cpu))
+    args.setdefault("gpu_memory_utilization", knob("gpu_memory_utilization").vllm_default(on_cpu))
     args.setdefault("max_model_len", shape.max_position_embeddings)
-    args.setdefault("enforce_eager", False)
-    args.setdefault("block_size", 128 if device.kind == "cpu" else 16)
-    args.setdefault("kv_cache_dtype", "auto")
+    for name in ("enforce_eager", "block_size", "kv_cache_dtype"):
+        args.setdefault(name, knob(name).vllm_default(on_cpu))
     args.setdefault("dtype", "auto")
     if device.kind == "cpu":
         default_tokens, default_seqs = 2048 * tp, 128 * tp
@@ -359,8 +358,8 @@ def _plan(shape: ModelShape, device: Device, engine_args: Mapping[str, Any]) -> 
     block_bytes = shape.num_layers * 2 * args["block_size"] * kv_heads * shape.head_dim * kv_dtype_bytes
     width = shape.hidden_size + 2 * shape.intermediate_size / tp
     explicit = args.get("kv_cache_memory_bytes")
-    if device.kind == "cpu" and explicit is None and args.get(CPU_KVCACHE_SPACE_ARG) is not None:
-        explicit = int(float(args[CPU_KVCACHE_SPACE_ARG]) * GiB)  # servetune's launcher: fractional GiB
+    if device.kind == "cpu" and explicit is None and args.get(CPU_KVCACHE_SPACE) is not None:
+        explicit = int(float(args[CPU_KVCACHE_SPACE]) * GiB)  # servetune's launcher: fractional GiB
     if device.kind == "cpu" and device.cpu_kvcache_space_gib is not None:
         explicit = int(device.cpu_kvcache_space_gib) * GiB  # vLLM: the env wins over --kv-cache-memory-bytes
     return _Plan(

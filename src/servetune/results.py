@@ -1,6 +1,8 @@
-"""What a finished study recommends: a row per measured trial, the best config against vLLM's defaults (or the
-confirmed pick), and the files a user runs and reads: best.yaml, best_command.sh, trials.csv, summary.json.
-Depends only on the study and the outcome types; `tune` and `report` both use it."""
+"""What a study recommends, read once into one typed object (`Results`): a row per measured trial, the trials never
+measured, and the summary (the best config against vLLM's defaults, or the head-to-head's pick; the rate it holds;
+where the budget went). Every output reads that object: the files a user runs and reads here (best.yaml,
+best_command.sh, trials.csv, summary.json), the report's page and exports (`servetune.report`), the CLI's lines.
+Depends only on the study's record (`servetune.record`)."""
 
 import csv
 import io
@@ -8,75 +10,167 @@ import math
 from pathlib import Path
 from typing import Any
 
-import optuna
 import yaml
-from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
-from servetune.study import measured, outcome
+from servetune.outcome import LevelOutcome
+from servetune.record import HeadToHead, RecordedTrial, StudyMeta, StudyRecord
 from servetune.workload.fit import refused_beyond
 
 
-def trial_row(t: FrozenTrial) -> dict:
-    """A measured trial as one row of trials.csv and of the report's table."""
-    out = outcome(t)
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TrialRow(_Frozen):
+    """A measured trial: one row of trials.csv (its dump) and of the report's table; `params`, `levels` and
+    `log_path` (a failed trial's server log) are what the report draws beside it, not columns."""
+
+    trial: int
+    role: str
+    status: str  # ok | failed
+    config: dict[str, Any]  # as launched
+    goodput_rate: float | None
+    goodput_bracket: list[float] | None  # (passing, failing) rates of the rate search
+    request_throughput: float | None
+    p99_ttft_ms: float | None
+    p99_tpot_ms: float | None
+    preemptions: float | None
+    kv_cache_tokens: int | None
+    ready_s: float | None
+    failure: str | None
+    rejected_requests: int | None
+    why: str | None
+    value: float | None  # the objective's value told to the study (None unless it completed)
+    params: dict[str, Any] = Field(default={}, exclude=True)  # the searched knobs' values
+    levels: list[LevelOutcome] = Field(default=[], exclude=True)
+    log_path: str | None = Field(default=None, exclude=True)
+    model_len_reason: str | None = Field(default=None, exclude=True)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def rate(self, objective: str) -> float | None:
+        """The objective's rate: the goodput rate, or the throughput at full load."""
+        return self.goodput_rate if objective == "goodput" else self.request_throughput
+
+    def headline_level(self, objective: str) -> LevelOutcome | None:
+        """The level its p99s come from: the passing level at its goodput rate, else the capacity level."""
+        passing = [lv for lv in self.levels if objective == "goodput" and lv.passed and lv.rate == self.goodput_rate]
+        return next(iter(passing), next((lv for lv in self.levels if not math.isfinite(lv.rate)), None))
+
+
+def trial_row(t: RecordedTrial, out_dir: Path | None = None) -> TrialRow:
+    """A measured trial's row; `out_dir`: the study's output directory, for the path of a failed trial's log."""
+    out = t.outcome
     startup = out.startup
-    return {
-        "trial": t.number, "role": t.user_attrs.get("role", "search"), "status": str(out.status),
-        "config": out.config, "goodput_rate": out.goodput_rate,
-        "goodput_bracket": list(out.goodput_bracket) if out.goodput_bracket else None,
-        "request_throughput": out.request_throughput, "p99_ttft_ms": out.p99_ttft_ms,
-        "p99_tpot_ms": out.p99_tpot_ms, "preemptions": out.preemptions,
-        "kv_cache_tokens": startup.kv_cache_tokens if startup else None,
-        "ready_s": startup.ready_s if startup else None,
-        "failure": str(out.failure) if out.failure else None,
-        "rejected_requests": out.rejected_requests, "why": t.user_attrs.get("why"),
-        "value": t.value if t.state == TrialState.COMPLETE else None,
-    }
+    log = out.failure.log if out.failure else None
+    return TrialRow(
+        trial=t.number, role=t.record.role, status=str(out.status), config=out.config, goodput_rate=out.goodput_rate,
+        goodput_bracket=list(out.goodput_bracket) if out.goodput_bracket else None,
+        request_throughput=out.request_throughput, p99_ttft_ms=out.p99_ttft_ms, p99_tpot_ms=out.p99_tpot_ms,
+        preemptions=out.preemptions, kv_cache_tokens=startup.kv_cache_tokens if startup else None,
+        ready_s=startup.ready_s if startup else None, failure=str(out.failure) if out.failure else None,
+        rejected_requests=out.rejected_requests, why=t.record.why, value=t.objective_value, params=t.params,
+        levels=out.levels, log_path=str(out_dir / (out.artifacts or "") / log) if log and out_dir else None,
+        model_len_reason=t.record.model_len_reason)
 
 
-def budget_spent(study: optuna.Study) -> list[dict]:
+class Unmeasured(_Frozen):
+    """A trial that never ran a server: skipped (infeasible or a duplicate), interrupted, or still pending."""
+
+    trial: int
+    role: str
+    params: dict[str, Any]
+    reason: str
+
+
+def unmeasured(trials: list[RecordedTrial]) -> list[Unmeasured]:
+    result = []
+    for t in trials:
+        if t.measured:
+            continue
+        reason = (t.record.skipped if t.record.skipped is not None else "interrupted; queued again"
+                  if t.record.interrupted else t.state.name.lower())
+        result.append(Unmeasured(trial=t.number, role=t.record.role, params=t.params, reason=reason))
+    return result
+
+
+class BudgetEntry(_Frozen):
+    """A proposal, launched or skipped: why it was proposed, and what it measured or why it was never launched."""
+
+    trial: int
+    launched: bool
+    why: str | None
+    config: dict[str, Any]
+    result: str
+
+
+def budget_spent(trials: list[RecordedTrial]) -> list[BudgetEntry]:
     """Where the budget went and why: every launched trial (why it was proposed, what it measured) and every
     proposal skipped before launching (why), in order."""
     entries = []
-    for t in study.get_trials(deepcopy=False):
-        if "skipped" in t.user_attrs:
-            entries.append({"trial": t.number, "launched": False, "why": t.user_attrs.get("why") or "TPE's proposal",
-                            "config": t.params, "result": f"skipped: {t.user_attrs['skipped']}"})
-        elif (out := outcome(t)) is not None:
+    for t in trials:
+        if t.record.skipped is not None:
+            entries.append(BudgetEntry(trial=t.number, launched=False, why=t.record.why or "TPE's proposal",
+                                       config=t.params, result=f"skipped: {t.record.skipped}"))
+        elif (out := t.outcome) is not None:
             result = (f"failed ({out.failure.kind}): {out.failure.reason}" if not out.ok
                       else f"goodput {out.goodput_rate:.2f} {out.rate_unit}" if out.goodput_rate is not None
                       else f"throughput {out.request_throughput:.2f} req/s")
-            entries.append({"trial": t.number, "launched": True, "why": t.user_attrs.get("why"),
-                            "config": out.config, "result": result})
+            entries.append(BudgetEntry(trial=t.number, launched=True, why=t.record.why, config=out.config,
+                                       result=result))
     return entries
 
 
-def _summary_entry(row: dict | None) -> dict | None:
-    if row is None:
-        return None
-    keys = ("config", "goodput_rate", "request_throughput", "p99_ttft_ms", "p99_tpot_ms")
-    return {k: row[k] for k in keys} | {"trial": row["trial"], "goodput_bracket": row["goodput_bracket"]}
+class SummaryEntry(_Frozen):
+    """vLLM's defaults or the recommended config in summary.json."""
+
+    config: dict[str, Any]
+    goodput_rate: float | None
+    request_throughput: float | None
+    p99_ttft_ms: float | None
+    p99_tpot_ms: float | None
+    trial: int
+    goodput_bracket: list[float] | None
+
+    @classmethod
+    def of(cls, row: TrialRow | None) -> "SummaryEntry | None":
+        return None if row is None else cls(**row.model_dump(include=set(cls.model_fields)))
+
+    def rate(self, objective: str) -> float | None:
+        return self.goodput_rate if objective == "goodput" else self.request_throughput
 
 
-def beats(row: dict, default: dict, objective: str) -> bool:
+class Headroom(_Frozen):
+    """What a config launched with a max-model-len below the model's context refuses."""
+
+    max_model_len: int
+    context: int | None
+    reason: str
+    comment: str  # best.yaml's, best_command.sh's and the report's
+
+
+def beats(row: TrialRow, default: TrialRow, objective: str) -> bool:
     """Whether a measured row beats the default's beyond the measurement's resolution: for goodput, its
     passing rate is at or above the rate at which the default failed (the brackets do not overlap); for
     throughput, by more than 5%."""
     if objective == "goodput":
-        return row["goodput_bracket"][0] >= default["goodput_bracket"][1] > 0 or (
-            default["goodput_rate"] == 0 and row["goodput_rate"] > 0)
-    return row["request_throughput"] > 1.05 * default["request_throughput"]
+        return row.goodput_bracket[0] >= default.goodput_bracket[1] > 0 or (
+            default.goodput_rate == 0 and row.goodput_rate > 0)
+    return row.request_throughput > 1.05 * default.request_throughput
 
 
-def choose_best(rows: list[dict], objective: str) -> tuple[dict | None, dict | None, bool]:
+def choose_best(rows: list[TrialRow], objective: str) -> tuple[TrialRow | None, TrialRow | None, bool]:
     """(default, best, significant). The best must beat the default (`beats`); otherwise the default is
     recommended."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    default = next((r for r in ok if r["role"] == "default"), None)
-    best = max(ok, key=lambda r: r["value"] or 0.0, default=None)
+    ok = [r for r in rows if r.ok]
+    default = next((r for r in ok if r.role == "default"), None)
+    best = max(ok, key=lambda r: r.value or 0.0, default=None)
     if best is None or default is None or best is default:
         return default, best or default, False
     significant = beats(best, default, objective)
@@ -92,100 +186,133 @@ def vllm_config_yaml(model: str, config: dict, comment: str | None = None) -> st
     return (f"# {comment}\n" if comment else "") + yaml.safe_dump(flags, sort_keys=False)
 
 
-def headroom(meta: dict, config: dict, reason: str | None) -> dict | None:
+def headroom(meta: StudyMeta, config: dict, reason: str | None) -> Headroom | None:
     """What a config launched with a max-model-len below the model's context refuses (summary.json
     `headroom`): its max-model-len, the context, why it was tightened (`reason`, the trial's
     `model_len_reason`) and the comment best.yaml and the report carry. None when the config launches with
     the model's context (no max-model-len, or one at least the context)."""
     mml = config.get("max_model_len")
-    bounds = meta.get("model_len") or {}  # workload.fit.ModelLenBounds; absent in studies made before it
-    context = bounds.get("context") or meta["space"].get("context") or 0
+    context = meta.context
     if mml is None or (context and mml >= context):
         return None
     why = reason or "sized to the workload's longest request"
-    refused = refused_beyond(mml, bounds.get("max_chars_per_token") or 0, meta["vllm_version"])
+    refused = refused_beyond(mml, meta.max_chars_per_token, meta.vllm_version)
     known = f"the model's context is {context}" if context else "the model's context is unknown"
-    return {"max_model_len": mml, "context": context or None, "reason": why,
-            "comment": f"max-model-len {mml} ({known}; tightened because {why}): {refused}"}
+    return Headroom(max_model_len=mml, context=context or None, reason=why,
+                    comment=f"max-model-len {mml} ({known}; tightened because {why}): {refused}")
 
 
-def summary(study: optuna.Study, rows: list[dict] | None = None) -> dict:
+class Summary(_Frozen):
     """The study's recommendation (summary.json): the tune's state, the defaults and the best config (the
     head-to-head's recommendation when there was one), whether and by how much it beats them, the rate it
-    holds, where the budget went and what was not done. `rows`: the study's `trial_row`s, when the caller
-    has them."""
-    meta = study.user_attrs["meta"]
-    rows = [trial_row(t) for t in measured(study)] if rows is None else rows
-    default, best, significant = choose_best(rows, meta["objective"])
-    gain = (best["value"] / default["value"] - 1) if best and default and default["value"] else None
-    confirmation = study.user_attrs.get("confirmation")
+    holds, where the budget went, what was not done, and in a sentence or two what to run (`answer`)."""
+
+    state: str  # running | interrupted | time-limit | complete
+    not_done: list[str]
+    time_limit_s: float | None
+    elapsed_s: float | None
+    objective: str
+    slo: dict[str, int | float]
+    confidence: float | None  # of each level's verdict (None: point p99s, before statistical verdicts)
+    rate_unit: str  # req/s, or for a trace its speed-up factor
+    default: SummaryEntry | None
+    best: SummaryEntry | None
+    best_beats_default: bool
+    gain: float | None
+    confirmation: HeadToHead | None
+    budget: list[BudgetEntry]
+    trials: int
+    failed: int
+    skipped: int
+    model: str
+    strategy: str
+    vllm_version: str
+    device: str
+    best_command: str | None = None  # with a best config only, as `headroom`
+    headroom: Headroom | None = None
+    answer: str = ""
+
+    @model_serializer(mode="wrap")
+    def _without_a_best_no_command(self, handler) -> dict[str, Any]:
+        """As summary.json has always had it: `best_command` and `headroom` only where there is a best config."""
+        data = handler(self)
+        return data if self.best is not None else {k: v for k, v in data.items()
+                                                   if k not in ("best_command", "headroom")}
+
+    @property
+    def recommended_rate(self) -> float | None:
+        """The rate the recommendation holds: the head-to-head's, else the best config's own."""
+        if self.best is None:
+            return None
+        if self.objective == "goodput" and self.confirmation is not None and self.confirmation.method is not None:
+            return self.confirmation.recommended_goodput_rate
+        return self.best.rate(self.objective)
+
+
+def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial], rows: list[TrialRow]) -> Summary:
+    """The summary of a study (`Summary`) from its rows (`trial_row` of every measured trial)."""
+    default, best, significant = choose_best(rows, meta.objective)
+    gain = (best.value / default.value - 1) if best and default and default.value else None
+    confirmation = record.confirmation
     if confirmation is not None:  # the head-to-head's recommendation replaces the search's
-        best = next(r for r in rows if r["trial"] == confirmation["recommended_trial"])
-        significant = confirmation["verdict"] == "confirmed"
-        held, base = confirmation["recommended_goodput_rate"], confirmation["default_goodput_rate"]
+        best = next(r for r in rows if r.trial == confirmation.recommended_trial)
+        significant = confirmation.confirmed
+        held, base = confirmation.recommended_goodput_rate, confirmation.default_goodput_rate
         gain = held / base - 1 if significant and held and base else (0.0 if best is default else None)
-    progress = study.user_attrs.get("progress") or {}
-    result = {
-        "state": progress.get("state", "complete"), "not_done": progress.get("not_done", []),
-        "time_limit_s": progress.get("time_limit_s"), "elapsed_s": progress.get("elapsed_s"),
-        "objective": meta["objective"], "slo": meta["slo"],
-        "confidence": meta.get("levels", {}).get("confidence"),  # of each level's verdict (None: point p99s)
-        "rate_unit": "x trace speed" if meta["workload"].get("trace") else "req/s",  # a trace's rates are speed-ups
-        "default": _summary_entry(default), "best": _summary_entry(best),
-        "best_beats_default": significant, "gain": gain, "confirmation": confirmation,
-        "budget": budget_spent(study),
-        "trials": len(rows), "failed": sum(r["status"] != "ok" for r in rows),
-        "skipped": sum(1 for t in study.get_trials(deepcopy=False) if "skipped" in t.user_attrs),
-        "model": meta["model"], "strategy": meta["strategy"], "vllm_version": meta["vllm_version"],
-        "device": meta["device"],
-    }
-    if best is not None:
-        result["best_command"] = serve_command(meta["model"], best["config"])
-        reason = study.get_trials(deepcopy=False)[best["trial"]].user_attrs.get("model_len_reason")
-        result["headroom"] = headroom(meta, best["config"], reason)
-    return result | {"answer": answer(result, rows)}
+    progress = record.progress
+    result = Summary(
+        state=progress.state, not_done=progress.not_done, time_limit_s=progress.time_limit_s,
+        elapsed_s=progress.elapsed_s, objective=meta.objective, slo=meta.slo, confidence=meta.confidence,
+        rate_unit=meta.rate_unit, default=SummaryEntry.of(default), best=SummaryEntry.of(best),
+        best_beats_default=significant, gain=gain, confirmation=confirmation, budget=budget_spent(trials),
+        trials=len(rows), failed=sum(not r.ok for r in rows),
+        skipped=sum(1 for t in trials if t.record.skipped is not None), model=meta.model, strategy=meta.strategy,
+        vllm_version=meta.vllm_version, device=meta.device,
+        best_command=serve_command(meta.model, best.config) if best is not None else None,
+        headroom=headroom(meta, best.config, best.model_len_reason) if best is not None else None)
+    return result.model_copy(update={"answer": answer(result, rows)})
 
 
-def answer(summary: dict, rows: list[dict]) -> str:
+def answer(summary: Summary, rows: list[TrialRow]) -> str:
     """What to run, in a sentence or two: the recommended config, the rate it holds (decided at a stated
     confidence) or why there is none, against vLLM's defaults, and what was not done. The CLI and the report
     both print it."""
-    best, default = summary["best"], summary["default"]
+    best, default = summary.best, summary.default
     state = {"running": "So far: ", "interrupted": "Interrupted: ", "time-limit": "At the time limit: "}.get(
-        summary["state"], "")
-    not_done = f" Not done: {'; '.join(summary['not_done'])}." if summary["not_done"] else ""
+        summary.state, "")
+    not_done = f" Not done: {'; '.join(summary.not_done)}." if summary.not_done else ""
     if best is None:
         text = (f"no config ran to the end ({len(rows)} measured, all failed): the table says why." if rows
                 else "nothing was measured yet.")
         return _sentence(state, text) + not_done
-    goodput = summary["objective"] == "goodput"
-    unit = summary["rate_unit"] if goodput else "req/s"
-    key = "goodput_rate" if goodput else "request_throughput"
-    is_default = default is not None and best["trial"] == default["trial"]
-    who = "vLLM's defaults" if is_default else f"trial #{best['trial']}'s config"
-    confirmation = summary["confirmation"] or {}
-    rate = confirmation.get("recommended_goodput_rate", best[key]) if goodput else best[key]
-    how = (f"decided at {summary['confidence']:.0%} confidence" if summary["confidence"]
+    goodput = summary.objective == "goodput"
+    unit = summary.rate_unit if goodput else "req/s"
+    is_default = default is not None and best.trial == default.trial
+    who = "vLLM's defaults" if is_default else f"trial #{best.trial}'s config"
+    confirmation = summary.confirmation
+    rate = (confirmation.recommended_goodput_rate if confirmation is not None else best.goodput_rate) if goodput \
+        else best.request_throughput
+    how = (f"decided at {summary.confidence:.0%} confidence" if summary.confidence
            else "by its levels' p99s, before servetune's verdicts were statistical")
     holds = f"it holds {rate:.2f} {unit} within the SLOs ({how})" if goodput else f"{rate:.2f} req/s at full load"
     if goodput and not rate:
-        low, high = next(r for r in rows if r["trial"] == best["trial"])["goodput_bracket"] or (0.0, 0.0)
+        low, high = next(r for r in rows if r.trial == best.trial).goodput_bracket or (0.0, 0.0)
         holds = (f"no rate held the SLOs (its levels failed or stayed undecided down to {high:.2f} {unit}); "
                  "the best estimate is below that rate")
-    if confirmation.get("reason"):
-        text = f"run {who}: {holds}; {confirmation['reason']}."
+    if confirmation is not None and confirmation.reason:
+        text = f"run {who}: {holds}; {confirmation.reason}."
     elif default is None:
         text = f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
-    elif summary["best_beats_default"]:
-        than = (f"{summary['gain']:+.0%} over their {default[key]:.2f} {unit}" if summary["gain"] is not None
-                else "where they held no rate")
-        text = f"trial #{best['trial']} beats vLLM's defaults: {holds}, {than}, beyond the measured resolution."
+    elif summary.best_beats_default:
+        than = (f"{summary.gain:+.0%} over their {default.rate(summary.objective):.2f} {unit}"
+                if summary.gain is not None else "where they held no rate")
+        text = f"trial #{best.trial} beats vLLM's defaults: {holds}, {than}, beyond the measured resolution."
     else:
-        top = max((r for r in rows if r["status"] == "ok"), key=lambda r: r["value"] or 0.0)
+        top = max((r for r in rows if r.ok), key=lambda r: r.value or 0.0)
         text = f"keep vLLM's defaults: {holds}."
-        if top["trial"] != default["trial"]:
-            text += (f" No config beat them beyond the measured resolution: the highest, trial #{top['trial']}, "
-                     f"measured {top['value']:.2f} {unit}.")
+        if top.trial != default.trial:
+            text += (f" No config beat them beyond the measured resolution: the highest, trial #{top.trial}, "
+                     f"measured {top.value:.2f} {unit}.")
     return _sentence(state, text) + not_done
 
 
@@ -193,25 +320,36 @@ def _sentence(prefix: str, text: str) -> str:
     return prefix + text if prefix else text[0].upper() + text[1:]
 
 
-def write_outputs(study: optuna.Study, out: Path) -> dict:
-    """best.yaml, best_command.sh, trials.csv and summary.json under `out`, each written whole; returns the
-    summary."""
-    rows = [trial_row(t) for t in measured(study)]
-    result = summary(study, rows)
-    if result["best"] is not None:
-        comment = (result.get("headroom") or {}).get("comment")
-        write_atomic(out / "best.yaml", vllm_config_yaml(result["model"], result["best"]["config"], comment))
+class Results:
+    """A study read once: its meta, a row per measured trial, the trials never measured and the summary. Every
+    output reads it (`write_outputs`, `servetune.report`, the CLI)."""
+
+    def __init__(self, record: StudyRecord):
+        self.record = record
+        self.meta = record.meta
+        trials = record.trials()
+        out_dir = Path(self.meta.out)
+        self.rows = [trial_row(t, out_dir) for t in trials if t.measured]
+        self.unmeasured = unmeasured(trials)
+        self.summary = summarize(self.meta, record, trials, self.rows)
+
+
+def write_outputs(results: Results, out: Path) -> None:
+    """best.yaml, best_command.sh, trials.csv and summary.json under `out`, each written whole."""
+    summary, rows = results.summary, results.rows
+    if summary.best is not None:
+        comment = summary.headroom.comment if summary.headroom else None
+        write_atomic(out / "best.yaml", vllm_config_yaml(summary.model, summary.best.config, comment))
         note = f"# {comment}\n" if comment else ""
         write_atomic(out / "best_command.sh", f"#!/bin/sh\n# servetune: the best config found\n{note}exec "
-                                              f"{result['best_command']}\n", mode=0o755)
+                                              f"{summary.best_command}\n", mode=0o755)
     table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=list(rows[0]) if rows else ["trial"])
+    writer = csv.DictWriter(table, fieldnames=list(TrialRow.model_fields)[:16] if rows else ["trial"])
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: _csv(v) for k, v in row.items()})
+        writer.writerow({k: _csv(v) for k, v in row.model_dump().items()})
     write_atomic(out / "trials.csv", table.getvalue())
-    write_json(out / "summary.json", result)
-    return result
+    write_json(out / "summary.json", summary.model_dump())
 
 
 def _csv(value: Any) -> Any:

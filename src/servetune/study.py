@@ -1,7 +1,8 @@
 """A tuning study: Optuna storage (SQLite by default, any SQLAlchemy URL) plus per-trial artifacts on disk.
 
-Each trial's outcome lives in its Optuna user attributes (`outcome`: a `TrialOutcome` with its schema version,
-validated when read back) and its raw files under `OUT/trials/NNNN/` (server log, per-level request records).
+What servetune keeps in the study beside Optuna's own facts is its record (`servetune.record`: each trial's
+record with its outcome, the study's meta, progress and head-to-head); each trial's raw files lie under
+`OUT/trials/NNNN/` (server log, per-level request records).
 """
 
 import fcntl
@@ -16,18 +17,17 @@ from typing import Any
 
 import optuna
 import sqlalchemy
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-from servetune.errors import ServetuneError
-from servetune.outcome import TrialOutcome
+from servetune.errors import StudyError
+from servetune.record import StudyMeta, StudyRecord
 from servetune.redact import redact
+
+__all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_storage", "default_storage", "open_study",
+           "requeue_interrupted", "sqlite_file", "study_exists", "trial_dir"]
 
 STUDY_NAME = "servetune"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-class StudyError(ServetuneError):
-    """A study cannot be created or resumed as asked."""
 
 
 def default_storage(out: Path) -> str:
@@ -131,26 +131,28 @@ DEFINING = {"model": "--model", "workload": "--workload", "slo": "--slo", "objec
             "confirm": "--confirm/--no-confirm", "min_model_len": "--min-model-len"}
 
 
-def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: dict[str, Any], resume: bool) -> optuna.Study:
+def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: StudyMeta, resume: bool) -> StudyRecord:
     """Create the study, or with `resume` continue it. Refuses to mix studies (`check_storage`), and a
     resumed one must have been made with every option that defines it (`DEFINING`) as given now."""
     exists = check_storage(storage, resume)
     study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
                                 load_if_exists=True)
+    record = StudyRecord(study)
     if exists:
-        old = study.user_attrs.get("meta", {})
+        old, new = record.stored_meta, meta.stored()
         if "levels" not in old:
             raise StudyError(f"--resume: the study in {redact(storage)} was made by an older servetune, whose "
                              "levels were not decided by a statistical test: start a new study (another --out)")
         for key, option in DEFINING.items():
-            if _canonical(old.get(key)) != _canonical(meta.get(key)):
+            if _canonical(old.get(key)) != _canonical(new.get(key)):
                 raise StudyError(f"--resume: {option} differs from the study's: it was {_shown(old.get(key))}, "
-                                 f"now {_shown(meta.get(key))}; resume with the options it was made with, or "
+                                 f"now {_shown(new.get(key))}; resume with the options it was made with, or "
                                  "use another --out/--study")
-        requeue_interrupted(study)
+        record.continued()
+        requeue_interrupted(record)
     else:
-        study.set_user_attr("meta", meta)
-    return study
+        record.start(meta)
+    return record
 
 
 def _canonical(value: Any) -> str:
@@ -226,40 +228,14 @@ class StudyLock:
             self.fd = None
 
 
-def requeue_interrupted(study: optuna.Study) -> list[int]:
+def requeue_interrupted(record: StudyRecord) -> list[int]:
     """Trials left RUNNING by a killed run are marked FAIL (interrupted) and queued again; completed
     trials are kept as they are."""
-    again = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    again = record.trials((TrialState.RUNNING,))
     for t in again:
-        requeue(study, t, "the tuner stopped during the trial")
+        record.requeue(t, "the tuner stopped during the trial")
     return [t.number for t in again]
-
-
-def requeue(study: optuna.Study, t: FrozenTrial, why: str) -> None:
-    """Mark a trial that never finished FAIL (`interrupted`: why) and queue its params again, same role."""
-    study._storage.set_trial_user_attr(t._trial_id, "interrupted", why)
-    study.tell(t.number, state=TrialState.FAIL)
-    kept = {k: v for k, v in t.user_attrs.items() if k in ("role", "ladder", "reference", "why")}
-    study.enqueue_trial(t.params, user_attrs=kept | {"planned": t.user_attrs.get("planned", t.params)},
-                        skip_if_exists=False)
 
 
 def trial_dir(out: Path, number: int) -> Path:
     return out / "trials" / f"{number:04d}"
-
-
-def outcome(t: FrozenTrial) -> TrialOutcome | None:
-    """The trial's outcome, validated (StudyError for one this servetune cannot read), or None."""
-    stored = t.user_attrs.get("outcome")
-    if stored is None:
-        return None
-    try:
-        return TrialOutcome.read(stored)
-    except ValueError as e:  # pydantic's ValidationError included
-        raise StudyError(f"trial {t.number}'s outcome cannot be read: {str(e).splitlines()[0]}") from None
-
-
-def measured(study: optuna.Study) -> list[FrozenTrial]:
-    """Trials that launched a server (completed or failed), in order; not infeasible or interrupted ones."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "outcome" in t.user_attrs]

@@ -20,10 +20,11 @@ import httpx
 from servetune.bench import measure_level
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
-from servetune.loadgen import RequestRecord, Target
+from servetune.loadgen import LoadShape, RequestRecord, Target
 from servetune.metrics import tpot_ms, ttft_ms
 from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
 from servetune.search.objective import RateSearch, level_verdict, rejected_requests
+from servetune.slo import TPOT, TTFT
 from servetune.verdict import Decision, LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.trace import trace_rate
@@ -80,10 +81,10 @@ def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Se
         recent = [r for r in finished[-10:] if r.ok and r.chunk_ns]
         if not recent:
             return False
-        if "ttft_p99_ms" in slo and statistics.median(map(ttft_ms, recent)) > 4 * slo["ttft_p99_ms"]:
+        if TTFT.slo in slo and statistics.median(map(ttft_ms, recent)) > 4 * slo[TTFT.slo]:
             return True
         tpots = [t for t in map(tpot_ms, recent) if t is not None]
-        return "tpot_p99_ms" in slo and bool(tpots) and statistics.median(tpots) > 2 * slo["tpot_p99_ms"]
+        return TPOT.slo in slo and bool(tpots) and statistics.median(tpots) > 2 * slo[TPOT.slo]
 
     return should_stop
 
@@ -228,10 +229,10 @@ def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelO
                     if plan.slo and math.isfinite(rate) else None)
             saturated = saturation_check(plan.slo, requests_per_s(plan, rate), n) if math.isfinite(rate) else None
             stop = LevelStop(test, saturated, deadline)
-            result = measure_level(
-                target, requests[: n + warmup], request_rate=rate, burstiness=plan.workload.burstiness,
-                max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
-                request_timeout_s=plan.levels.request_timeout_s, on_record=on_record, should_stop=stop)
+            shape = LoadShape(request_rate=rate, burstiness=plan.workload.burstiness,
+                              max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
+                              request_timeout_s=plan.levels.request_timeout_s)
+            result = measure_level(target, requests[: n + warmup], shape, on_record=on_record, should_stop=stop)
             if not result.metrics.client_lagging or stop.why == "time limit":
                 break
         records = out_dir / f"level-{index:02d}.records.jsonl"

@@ -6,38 +6,38 @@ tune's state, so a run stopped at any moment leaves its best answer."""
 
 import statistics
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from servetune import __version__
 from servetune.confirm import candidates_of, decide, deciding_level, head_to_head_job, run_head_to_head
 from servetune.engine import InstalledVllm
 from servetune.errors import ServetuneError
-from servetune.executors import Executor, Job, WorkerError, WorkerLost, make_executor
+from servetune.dispatch import Dispatch, Finished
+from servetune.executors import Executor, Job, make_executor
 from servetune.jsonio import check_writable
 from servetune.memory import ModelShape
 from servetune.outcome import TrialOutcome
-from servetune.report import write_report
-from servetune.results import beats, summary, trial_row
+from servetune.report import publish
+from servetune.results import Results, Summary, beats, trial_row
 from servetune.search.feasibility import MemoryCheck
-from servetune.search.objective import SLO_METRICS
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
-from servetune.search.strategies import Strategy, make_strategy, suggest
-from servetune.study import (StudyLock, check_storage, default_storage, measured, open_study, outcome, requeue,
-                             trial_dir)
+from servetune.slo import latency
+from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
+from servetune.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, read_trial,
+                              write_trial)
+from servetune.study import StudyLock, check_storage, default_storage, open_study, trial_dir
 from servetune.timelimit import TimePlan, duration
 from servetune.trial import LevelOptions, TrialPlan
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
-MAX_LOST_IN_A_ROW = 3  # trials whose worker died, one after another, before giving up
 
 
 @dataclass(frozen=True)
@@ -83,15 +83,16 @@ class Hooks:
     def trial_skipped(self, number: int, config: dict, reason: str) -> None: ...
     def confirm_started(self, number: int, config: dict, rates: list[float]) -> None: ...
     def confirm_finished(self, number: int, out: TrialOutcome) -> None: ...
+    def confirm_lost(self, number: int, reason: str) -> None: ...  # the head-to-head runs again
     def level_started(self, name: str, rate: float, n: int) -> None: ...
     def record(self, record) -> None: ...
     def note(self, text: str) -> None: ...  # the time plan, a stop
 
 
-def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = None) -> dict:
+def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = None) -> Summary:
     """Run (or resume) a study until `budget` servers were launched or the time limit leaves no room for
-    another, then the head-to-head; returns the summary (`results.summary`), written with the other outputs
-    (`report.write_report`) after every trial and at the end. With `parallel` > 1 or a `ray_address`, several
+    another, then the head-to-head; returns the summary (`results.Summary`), written with the other outputs
+    (`report.publish`) after every trial and at the end. With `parallel` > 1 or a `ray_address`, several
     trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one those
     options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`) the outputs are written with
     state `interrupted` and the exception goes on."""
@@ -105,7 +106,7 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
                                                              hooks.record)
         proposer = Proposer.open(opts, executor, sets, model_len)
         clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
-        tuner = Tuner(proposer, executor, hooks, clock)
+        tuner = Tuner(proposer, Dispatch(executor), hooks, clock)
         tuner.publish("running")
         tuner.search()
         if opts.confirm and opts.objective == "goodput":
@@ -185,7 +186,7 @@ class Proposer:
     not start, that the executor cannot place, or that was measured already. A skip is told PRUNED and
     costs no budget."""
 
-    study: optuna.Study
+    record: StudyRecord
     strategy: Strategy
     space: SearchSpace
     plan: TrialPlan
@@ -207,28 +208,31 @@ class Proposer:
         if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
             space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
                                 space.max_model_len, space.context)
-        meta = {"model": opts.model, "workload": opts.workload.model_dump(mode="json"), "slo": opts.slo,
-                "objective": opts.objective, "strategy": opts.strategy, "budget": opts.budget,
-                "space": space.to_dict(), "model_len": model_len.model_dump(),
-                "user_engine_args": opts.engine_args, "servetune_version": __version__,
-                "vllm_version": vllm.version, "device": vllm.device_type, "out": str(opts.out.resolve()),
-                "levels": asdict(opts.levels), "seed": opts.seed, "references": opts.references,
-                "optional_knobs": list(opts.optional_knobs), "tokenizer": opts.tokenizer, "confirm": opts.confirm,
-                "min_model_len": opts.min_model_len}
+        meta = StudyMeta(
+            model=opts.model, workload=opts.workload.model_dump(mode="json"), slo=opts.slo, objective=opts.objective,
+            strategy=opts.strategy, budget=opts.budget, space=space.to_dict(), model_len=model_len.model_dump(),
+            user_engine_args=opts.engine_args, servetune_version=__version__, vllm_version=vllm.version,
+            device=vllm.device_type, out=str(opts.out.resolve()), levels=asdict(opts.levels), seed=opts.seed,
+            references=opts.references, optional_knobs=list(opts.optional_knobs), tokenizer=opts.tokenizer,
+            confirm=opts.confirm, min_model_len=opts.min_model_len)
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == "throughput" and bool(opts.slo), slo=tuple(opts.slo))
-        study = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
-        if memory is not None and _launches(study):  # resumed: refit on the launches already made
-            memory.observe(_launches(study))
-        roles = [t.user_attrs.get("role") for t in study.get_trials(deepcopy=False)]
+        record = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
+        if memory is not None and _launches(record):  # resumed: refit on the launches already made
+            memory.observe(_launches(record))
+        roles = {t.record.role for t in record.trials()}
         if "default" not in roles:
-            study.enqueue_trial({}, user_attrs={"role": "default", "planned": {}})
+            record.enqueue({}, TrialRecord(role="default", planned={}))
         for i, reference in enumerate(opts.references):
             if f"reference-{i}" not in roles:
-                study.enqueue_trial({}, user_attrs={"role": f"reference-{i}", "planned": {}, "reference": reference})
+                record.enqueue({}, TrialRecord(role=f"reference-{i}", planned={}, reference=reference))
         plan = TrialPlan(opts.model, opts.workload, opts.slo, opts.objective, sets, opts.levels)
-        return cls(study, strategy, space, plan, opts, memory, vllm, executor.misfit,
+        return cls(record, strategy, space, plan, opts, memory, vllm, executor.misfit,
                    int(statistics.median(r.prompt_len for r in sets[0])))
+
+    @property
+    def study(self) -> optuna.Study:
+        return self.record.study
 
     def next(self) -> Launch | Skip | None:
         """The next launch, the next proposal skipped, or None when the strategy has nothing to propose now."""
@@ -236,7 +240,8 @@ class Proposer:
         if not waiting and not self.strategy.plan_next(self.study):
             return None
         trial = self.study.ask()
-        role, reference = trial.user_attrs.get("role"), trial.user_attrs.get("reference")
+        asked = read_trial(trial)
+        role, reference = asked.role, asked.reference
         given = role == "default" or reference is not None  # measured as given: no constraint or memory choices
         if reference is not None:
             config = {**self.opts.engine_args, **reference}
@@ -247,17 +252,17 @@ class Proposer:
         reason = reason or self.misfit(job)
         twin = None if given or reason else self._twin(trial, config)
         if reason is not None or twin is not None:
-            trial.set_user_attr("skipped", reason or f"same config as trial {twin.number}")
+            write_trial(trial, skipped=reason or f"same config as trial {twin.number}")
             self.study.tell(trial, state=TrialState.PRUNED)
             return Skip(trial.number, config, reason or "duplicate", duplicate=reason is None)
-        trial.set_user_attr("config_requested", config)
+        write_trial(trial, config_requested=config)
         if tightened := ("given with --reference-config" if "max_model_len" in (reference or {})
                          else self.space.model_len_reason(config)):
-            trial.set_user_attr("model_len_reason", tightened)  # below the model's context: why
-        if "why" not in trial.user_attrs:
-            trial.set_user_attr("why", "vLLM's defaults: the baseline" if role == "default"
-                                else "given with --reference-config" if reference is not None
-                                else "TPE's proposal" if self.opts.strategy == "optuna" else "the grid's next point")
+            write_trial(trial, model_len_reason=tightened)  # below the model's context: why
+        if asked.why is None:
+            write_trial(trial, why="vLLM's defaults: the baseline" if role == "default"
+                        else "given with --reference-config" if reference is not None
+                        else REGISTRY[self.opts.strategy].why)  # proposed by the strategy's sampler
         return Launch(job, trial)
 
     def _refusal(self, config: dict[str, Any]) -> str | None:
@@ -265,7 +270,7 @@ class Proposer:
         cannot hold the model's context) and its gpu_memory_utilization (the memory model's choices)."""
         if reason := self.space.violation(config):
             return reason
-        speed = prefill_speed((t.number, out) for t in measured(self.study) if (out := outcome(t)).ok)
+        speed = prefill_speed((t.number, t.outcome) for t in self.record.measured() if t.outcome.ok)
         if reason := ruled_out(config, self.opts.slo, speed, self.typical_prompt):
             return reason
         if self.memory is None:
@@ -276,11 +281,11 @@ class Proposer:
         misfit = self.memory.misfit(config) if config.get("gpu_memory_utilization", 1) else "no utilization fits"
         return f"predicted not to start: {misfit}" if misfit else None
 
-    def _twin(self, trial: optuna.Trial, config: dict) -> FrozenTrial | None:
+    def _twin(self, trial: optuna.Trial, config: dict) -> RecordedTrial | None:
         """A trial measured or running with the same config."""
-        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        for t in [*measured(self.study), *running]:
-            if t.number != trial.number and t.user_attrs.get("config_requested") == config:
+        record = self.record
+        for t in [*record.measured(), *record.trials((TrialState.RUNNING,))]:
+            if t.number != trial.number and t.record.config_requested == config:
                 return t
         return None
 
@@ -290,38 +295,39 @@ class Tuner:
     """The search loop, the head-to-head and the outputs of one tune."""
 
     proposer: Proposer
-    executor: Executor
+    running: Dispatch  # the trials in flight on the executor
     hooks: Hooks
     clock: TimePlan
     not_done: list[str] = field(default_factory=list)  # what the time limit (or a stop) left undone
 
-    def publish(self, state: str) -> dict:
-        """Record the tune's state in the study and write every output again; returns the summary."""
-        study, opts = self.proposer.study, self.proposer.opts
-        study.set_user_attr("progress", {"state": state, "not_done": self.not_done, "time_limit_s": opts.time_limit_s,
-                                         "elapsed_s": round(self.clock.elapsed(), 1)})
+    def publish(self, state: str) -> Summary:
+        """Record the tune's state in the study, read its results once and write every output from them;
+        returns the summary."""
+        record, opts = self.proposer.record, self.proposer.opts
+        record.write_progress(Progress(state=state, not_done=self.not_done, time_limit_s=opts.time_limit_s,
+                                       elapsed_s=round(self.clock.elapsed(), 1)))
+        results = Results(record)
         try:
-            write_report(opts.storage or default_storage(opts.out), opts.out)
+            publish(results, opts.out)
         except OSError as e:  # the study keeps everything: `servetune report` writes them later
             self.hooks.note(f"could not write the outputs in {opts.out}: {e}")
-        return summary(study)
+        return results.summary
 
     def search(self) -> None:
         """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
         were launched or the next trial no longer fits the time limit; tell the study each outcome as it
         returns and write the outputs."""
-        study, budget, clock = self.proposer.study, self.proposer.opts.budget, self.clock
-        running: dict[Future, Launch] = {}
+        record, budget, clock, running = self.proposer.record, self.proposer.opts.budget, self.clock, self.running
         held: Launch | None = None  # proposed, waiting for devices to free up
         announced = None  # the held trial's number once told to the hooks
-        skipped = lost_in_a_row = 0
+        skipped = 0
         if clock.deadline is not None:
-            self.hooks.note(clock.describe(_best_rate(study), budget - len(measured(study))))
+            self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured())))
         while True:
-            left = budget - len(measured(study)) - len(running)
-            if held is None and len(running) < self.executor.slots and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
-                if not clock.can_launch(_best_rate(study)):
-                    if not running:
+            left = budget - len(record.measured()) - len(running.running)
+            if held is None and running.free and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
+                if not clock.can_launch(_best_rate(record)):
+                    if not running.running:
                         self._out_of_time(left)
                         return
                 else:
@@ -333,26 +339,21 @@ class Tuner:
                         continue
                     held = proposal
             if held is not None and announced != held.job.number:  # before submit: `Inline` runs the trial in it
-                self.hooks.trial_started(held.job.number, held.job.config, held.trial.user_attrs.get("why", ""))
+                self.hooks.trial_started(held.job.number, held.job.config, read_trial(held.trial).why or "")
                 announced = held.job.number
             if held is not None:
-                job = replace(held.job, deadline=clock.trial_deadline(_best_rate(study), left))
-                if (future := self.executor.submit(job)) is not None:
-                    skipped = 0
-                    running[future], held = replace(held, job=job), None
+                launch = replace(held, job=replace(held.job, deadline=clock.trial_deadline(_best_rate(record), left)))
+                if running.submit(launch.job, launch):
+                    skipped, held = 0, None
                     continue
-            if not running:
+            if not running.running:
                 return
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                lost = self._record(running.pop(future), future)
-                lost_in_a_row = lost_in_a_row + 1 if lost else 0
-                if lost_in_a_row >= MAX_LOST_IN_A_ROW:
-                    raise WorkerError(f"{lost_in_a_row} trials in a row lost their worker (last: {lost}); "
-                                      "their configs are queued: fix the cause and continue with --resume")
+            for finished in running.wait():
+                self._record(finished)
             self.publish("running")
             if clock.deadline is not None:
-                self.hooks.note(clock.describe(_best_rate(study), budget - len(measured(study)) - len(running)))
+                self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured())
+                                               - len(running.running)))
 
     def _out_of_time(self, left: int) -> None:
         budget = self.proposer.opts.budget
@@ -360,85 +361,80 @@ class Tuner:
                              f"(~{duration(self.clock.trial_s())} each) and the head-to-head")
         self.hooks.note(f"time limit: {self.not_done[-1]}")
 
-    def _record(self, launch: Launch, future: Future) -> str | None:
+    def _record(self, finished: Finished[Launch]) -> None:
         """Tell the study a finished trial's outcome. A trial whose worker died, or that the time limit stopped
-        before it measured anything, is queued again; returns why a worker was lost."""
+        before it measured anything, is queued again."""
         proposer, hooks = self.proposer, self.hooks
-        study, job, trial = proposer.study, launch.job, launch.trial
-        try:
-            out: TrialOutcome = future.result()
-        except WorkerLost as e:
-            requeue(study, study.get_trials(deepcopy=False)[job.number], f"worker lost: {e}")
-            hooks.trial_lost(job.number, str(e))
-            return str(e)
+        record, job, trial, out = proposer.record, finished.tag.job, finished.tag.trial, finished.outcome
+        if out is None:
+            record.requeue(record.trial(job.number), f"worker lost: {finished.lost}")
+            hooks.trial_lost(job.number, finished.lost)
+            return
         self.clock.observe(out.wall_s, out.startup.ready_s if out.startup else None)
         if out.cut_short and not out.levels:
-            requeue(study, study.get_trials(deepcopy=False)[job.number], "stopped by the time limit")
+            record.requeue(record.trial(job.number), "stopped by the time limit")
             self.not_done.append(f"trial {job.number} was stopped by the time limit before it measured anything: "
                                  "queued for --resume")
             hooks.trial_lost(job.number, "stopped by the time limit before it measured anything")
-            return None
+            return
         if out.cut_short:
             self.not_done.append(f"trial {job.number}'s rate search was cut short by the time limit")
         out = out.model_copy(update={"artifacts": str(job.out_dir.relative_to(proposer.opts.out))})
-        trial.set_user_attr("outcome", out.stored())
+        write_trial(trial, outcome=out)
         if proposer.memory is not None and out.startup and out.startup.kv_cache_tokens:
-            study.set_user_attr("calibration", proposer.memory.observe(_launches(study)).model_dump())
+            record.write_calibration(proposer.memory.observe(_launches(record)))
         if out.ok:
-            trial.set_user_attr("constraints", _constraints(out, proposer.opts.slo))
-            study.tell(trial, out.goodput_rate if proposer.opts.objective == "goodput" else out.request_throughput)
+            write_trial(trial, constraints=_constraints(out, proposer.opts.slo))
+            record.study.tell(trial, out.goodput_rate if proposer.opts.objective == "goodput" else out.request_throughput)
         else:
-            study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
+            record.study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
         hooks.trial_finished(job.number, out)
-        return None
 
     def confirm(self, tokenizer) -> None:
         """The head-to-head (`servetune.confirm`): the defaults at the pick's goodput rate, stored in the study
         as its `confirmation`. A resumed study that measured nothing new keeps the confirmation it has."""
-        study, opts, plan = self.proposer.study, self.proposer.opts, self.proposer.plan
-        trials = len(measured(study))
-        if (study.user_attrs.get("confirmation") or {}).get("search_trials") == trials:
+        record, opts, plan = self.proposer.record, self.proposer.opts, self.proposer.plan
+        measured = record.measured()
+        trials = len(measured)
+        if (confirmation := record.confirmation) is not None and confirmation.search_trials == trials:
             return
-        rows = [trial_row(t) for t in measured(study)]
-        default = next((r for r in rows if r["role"] == "default" and r["status"] == "ok"), None)
+        rows = [trial_row(t) for t in measured]
+        default = next((r for r in rows if r.role == "default" and r.ok), None)
         if default is None:
             return
         candidates = candidates_of(rows, default, lambda row, base: beats(row, base, "goodput"))
         pick = candidates[0] if candidates else None
         head_to_head = pick_level = None
         if pick is not None:
-            pick_level = deciding_level(outcome(study.get_trials(deepcopy=False)[pick["trial"]]), pick["goodput_rate"])
+            pick_level = deciding_level(record.trial(pick.trial).outcome, pick.goodput_rate)
             if self.clock.remaining() < self.clock.launch_s() + STOP_S_MIN:
                 self.not_done.append("the head-to-head with the defaults: the time limit came first")
             else:
                 level_set = build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
                                            count=plan.levels.requests + plan.levels.warmup_requests)
-                job = head_to_head_job(default, pick["goodput_rate"], plan, level_set, opts.out, self.clock.deadline)
-                head_to_head = run_head_to_head(job, self.executor, self.hooks)
-                if head_to_head is None:
-                    self.not_done.append("the head-to-head with the defaults: its worker was lost")
-                elif head_to_head.cut_short:
+                job = head_to_head_job(default, pick.goodput_rate, plan, level_set, opts.out, self.clock.deadline)
+                head_to_head = run_head_to_head(job, self.running, self.hooks)
+                if head_to_head.cut_short:
                     self.not_done.append("the head-to-head with the defaults was cut short by the time limit")
-        record = decide(pick, default, head_to_head, pick_level)
-        study.set_user_attr("confirmation", record | {"search_trials": trials})
+        decided = decide(pick, default, head_to_head, pick_level, opts.workload.rate_unit)
+        record.write_confirmation(decided.model_copy(update={"search_trials": trials}))
 
 
 STOP_S_MIN = 30.0  # the least time worth starting the head-to-head with, beyond a launch
 
 
-def _best_rate(study: optuna.Study) -> float | None:
+def _best_rate(record: StudyRecord) -> float | None:
     """The highest goodput rate measured so far (req/s): what a head-to-head would run at."""
-    rates = [o.goodput_rate for t in measured(study) if (o := outcome(t)).ok and o.goodput_rate]
+    rates = [t.outcome.goodput_rate for t in record.measured() if t.outcome.ok and t.outcome.goodput_rate]
     return max(rates, default=None)
 
 
-def _launches(study: optuna.Study) -> list[tuple[dict, int]]:
+def _launches(record: StudyRecord) -> list[tuple[dict, int]]:
     """(config as launched, logged KV cache tokens) of every launch that logged one."""
-    outcomes = [outcome(t) for t in study.get_trials(deepcopy=False) if "outcome" in t.user_attrs]
-    return [(o.config, o.startup.kv_cache_tokens) for o in outcomes if o.startup and o.startup.kv_cache_tokens]
+    return [(o.config, o.startup.kv_cache_tokens) for o in record.launches() if o.startup and o.startup.kv_cache_tokens]
 
 
 def _constraints(out: TrialOutcome, slo: dict[str, float]) -> list[float]:
     """Optuna constraints (<= 0 is feasible): each p99 over its SLO, at the capacity level."""
     metrics = out.capacity.metrics
-    return [getattr(metrics, SLO_METRICS[k]) - v for k, v in slo.items()] or [0.0]
+    return [latency(k).p99(metrics) - v for k, v in slo.items()] or [0.0]

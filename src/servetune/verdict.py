@@ -42,7 +42,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from servetune.loadgen.records import RequestRecord
-from servetune.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
+from servetune.metrics import e2el_ms, itls_ms
+from servetune.slo import latency
 
 QUANTILE = 0.99  # the SLOs are p99s
 CONFIDENCE = 0.95
@@ -72,7 +73,7 @@ class SloTest(BaseModel):
     decision: Decision
 
     def __str__(self) -> str:
-        unit = "gaps" if self.slo == "itl_p99_ms" else "requests"
+        unit = latency(self.slo).counts
         return (f"{self.slo}: {self.over} of {self.counted} {unit} over {self.bound_ms:g} ms, "
                 f"{100 * self.low:.2f}-{100 * self.high:.2f}% over (limit {100 * (1 - QUANTILE):g}%)")
 
@@ -213,9 +214,6 @@ def _normal_quantile(confidence: float) -> float:
     return (lo + hi) / 2
 
 
-PER_REQUEST = {"ttft_p99_ms": ttft_ms, "tpot_p99_ms": tpot_ms, "e2el_p99_ms": e2el_ms}
-
-
 class LevelTest:
     """The verdict of one level under its SLOs. `add` each finished timed record (any order): `decision` turns
     FAIL as soon as an SLO's count shows it; `finish` when the level has ended gives the rest (PASS, or
@@ -235,8 +233,9 @@ class LevelTest:
                  confidence: float = CONFIDENCE):
         self.slo, self.first, self.cap, self.confidence = dict(slo), first, cap, confidence
         fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
-        self.bounds = boundaries(first, cap, fail_alpha) if any(name in PER_REQUEST for name in slo) else None
-        self.looks = itl_looks(first, cap) if "itl_p99_ms" in slo else []
+        per_gap = [name for name in slo if latency(name).per_request is None]
+        self.bounds = boundaries(first, cap, fail_alpha) if len(per_gap) < len(slo) else None
+        self.looks = itl_looks(first, cap) if per_gap else []
         self.itl_fail_confidence = 1 - fail_alpha / (len(self.looks) + 1)  # the looks and the one at the end
         self._waiting: dict[int, RequestRecord] = {}
         self._first_index = first_index
@@ -278,10 +277,11 @@ class LevelTest:
     def _count(self, r: RequestRecord) -> None:
         self.requests += 1
         for name, bound in self.slo.items():
-            if name == "itl_p99_ms":
+            per_request = latency(name).per_request
+            if per_request is None:  # ITL: the request's gaps
                 self._gaps.append(itls_ms(r))
                 continue
-            value = PER_REQUEST[name](r)
+            value = per_request(r)
             if value is None:  # a one-token reply has no TPOT
                 continue
             self._counted[name] += 1
@@ -289,7 +289,8 @@ class LevelTest:
 
     def _decide(self, final: bool) -> None:
         for name, bound in self.slo.items():
-            test = self._itl_test(bound, final) if name == "itl_p99_ms" else self._request_test(name, bound, final)
+            test = (self._itl_test(name, bound, final) if latency(name).per_request is None
+                    else self._request_test(name, bound, final))
             if test is not None:
                 self.tests[name] = test
         decisions = [t.decision for t in self.tests.values()]
@@ -310,7 +311,7 @@ class LevelTest:
         return SloTest(slo=name, bound_ms=bound, over=over, counted=n, requests=self.requests, low=low, high=high,
                        decision=decision)
 
-    def _itl_test(self, bound: float, final: bool) -> SloTest | None:
+    def _itl_test(self, name: str, bound: float, final: bool) -> SloTest | None:
         if self.requests not in self.looks and not final:
             return None
         over, counted, low, high = itl_bounds(self._gaps, bound, self.itl_fail_confidence)
@@ -321,7 +322,7 @@ class LevelTest:
             over, counted, low, high = itl_bounds(self._gaps, bound, self.confidence)
             ok = final and self.requests >= self.first and high <= p
             decision = Decision.PASS if ok else Decision.UNDECIDED
-        return SloTest(slo="itl_p99_ms", bound_ms=bound, over=over, counted=counted, requests=self.requests,
+        return SloTest(slo=name, bound_ms=bound, over=over, counted=counted, requests=self.requests,
                        low=low, high=high, decision=decision)
 
     def finish(self) -> Decision:

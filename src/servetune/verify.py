@@ -21,8 +21,8 @@ from servetune.bench import LevelResult, default_request_timeout_s, measure_leve
 from servetune.engine import Engine
 from servetune.errors import ServetuneError
 from servetune.jsonio import write_json
-from servetune.loadgen import RequestRecord, Target, run_load_sync
-from servetune.search.objective import SLO_METRICS, parse_slo
+from servetune.loadgen import LoadShape, RequestRecord, Target, run_load_sync
+from servetune.slo import latency, parse_slo
 from servetune.trial import reset_prefix_cache
 from servetune.verdict import LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
@@ -213,12 +213,13 @@ def _servetune_client(engine: Engine, plan: VerifyPlan, requests: list[RequestSp
     rate: servetune's level."""
     spec = plan.workload
     target = Target(engine.base_url, plan.model, spec.endpoint)
-    run_load_sync(target, requests[:WARMUP_REQUESTS], warmup_requests=WARMUP_REQUESTS,
-                  max_concurrency=spec.max_concurrency)
+    run_load_sync(target, requests[:WARMUP_REQUESTS],
+                  LoadShape(warmup_requests=WARMUP_REQUESTS, max_concurrency=spec.max_concurrency))
     reset_prefix_cache(engine.base_url)
     on_stage("servetune's client")
-    return measure_level(target, requests[WARMUP_REQUESTS:], request_rate=spec.request_rate,
-                         burstiness=spec.burstiness, max_concurrency=spec.max_concurrency, seed=spec.seed)
+    return measure_level(target, requests[WARMUP_REQUESTS:], LoadShape(
+        request_rate=spec.request_rate, burstiness=spec.burstiness, max_concurrency=spec.max_concurrency,
+        seed=spec.seed))
 
 
 def check_vllm_client(python: str) -> None:
@@ -284,9 +285,9 @@ def client_result(metrics: ClientMetrics, slo: dict[str, float], output: str,
     """Each SLO against the client's point p99; with its timed `records` (servetune's client), each SLO's
     statistical test too."""
     tests = slo_tests(slo, records) if records else {}
-    checks = [SloCheck(name=name, bound_ms=bound, p99_ms=getattr(metrics, SLO_METRICS[name]),
+    checks = [SloCheck(name=name, bound_ms=bound, p99_ms=latency(name).p99(metrics),
                        requests=metrics.completed, test=tests.get(name),
-                       passed=metrics.completed > 0 and getattr(metrics, SLO_METRICS[name]) <= bound)
+                       passed=metrics.completed > 0 and latency(name).p99(metrics) <= bound)
               for name, bound in slo.items()]
     return ClientResult(metrics=metrics, slo=checks, output=output)
 

@@ -10,9 +10,8 @@ import yaml
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
 
-# Not a vLLM flag: servetune's name for the CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE), launched
-# as --kv-cache-memory-bytes so that fractions of a GiB work and a config file carries it.
-CPU_KVCACHE_SPACE = "cpu_kvcache_space_gib"
+from servetune.knobs import CPU_KVCACHE_SPACE  # not a vLLM flag: launched as --kv-cache-memory-bytes
+
 PSEUDO_ARGS = frozenset({CPU_KVCACHE_SPACE})
 
 

@@ -3,7 +3,7 @@
 from servetune.loadgen.arrival import ArrivalProcess, schedule_ns
 from servetune.loadgen.client import Client, Target
 from servetune.loadgen.records import LoadResult, RequestRecord
-from servetune.loadgen.runner import run_load, run_load_sync
+from servetune.loadgen.runner import LoadShape, run_load, run_load_sync
 
 __all__ = [
     "ArrivalProcess",
@@ -11,6 +11,7 @@ __all__ = [
     "LoadResult",
     "RequestRecord",
     "Target",
+    "LoadShape",
     "run_load",
     "run_load_sync",
     "schedule_ns",

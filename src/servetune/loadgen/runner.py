@@ -8,6 +8,7 @@ import gc
 import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from time import perf_counter_ns
 
 from servetune.loadgen.arrival import ArrivalProcess, replay_ns, schedule_ns
@@ -17,22 +18,32 @@ from servetune.workload.request import RequestSpec
 from servetune.workload.trace import trace_rate
 
 WATCH_S = 0.25
+REQUEST_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    """How a level's requests are sent: at `request_rate` (req/s, or a trace's speed-up factor; inf: all at once)
+    with gamma-shaped arrivals (`burstiness`; 1: Poisson) seeded by `seed`, at most `max_concurrency` in flight,
+    the first `warmup_requests` sent before the timed ones, each failing after `request_timeout_s` without a byte
+    (None: the caller's default, else REQUEST_TIMEOUT_S)."""
+
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    warmup_requests: int = 0
+    seed: int = 0
+    request_timeout_s: float | None = None
 
 
 async def run_load(
     target: Target,
     requests: Sequence[RequestSpec],
-    *,
-    request_rate: float = math.inf,
-    burstiness: float = 1.0,
-    max_concurrency: int | None = None,
-    warmup_requests: int = 0,
-    seed: int = 0,
-    request_timeout_s: float = 600.0,
+    shape: LoadShape = LoadShape(),
     on_record: Callable[[RequestRecord], None] | None = None,
     should_stop: Callable[[Sequence[RequestRecord]], bool] | None = None,
 ) -> LoadResult:
-    """Send `requests` to `target` the way `vllm bench serve` does and record every one.
+    """Send `requests` to `target` the way `vllm bench serve` does, in the load's `shape`, and record every one.
 
     The first `warmup_requests` are sent at once (at most `max_concurrency` in flight), awaited,
     and recorded with `warmup=True`. The rest are due on the seeded gamma/Poisson schedule of
@@ -51,16 +62,17 @@ async def run_load(
     their arrival times divided by `request_rate`, the speed-up factor (inf: all at once); the result's
     `request_rate` is then the rate offered in req/s.
     """
-    n_warmup = min(warmup_requests, len(requests))
+    n_warmup = min(shape.warmup_requests, len(requests))
     sessions = _sessions(requests, n_warmup)
-    due_ns, offered_rate = _due_times(requests[n_warmup:], len(sessions), request_rate, burstiness, seed)
-    slots = _Slots(max_concurrency)
+    due_ns, offered_rate = _due_times(requests[n_warmup:], len(sessions), shape.request_rate, shape.burstiness,
+                                      shape.seed)
+    slots = _Slots(shape.max_concurrency)
     records: list[RequestRecord] = []
     finished: list[RequestRecord] = []
     stop = asyncio.Event()
 
     keep_replies = any(spec.model_replies for spec in requests)
-    async with Client(target, request_timeout_s, keep_replies=keep_replies) as client:
+    async with Client(target, shape.request_timeout_s or REQUEST_TIMEOUT_S, keep_replies=keep_replies) as client:
         bodies = [client.body(spec) for spec in requests]
 
         def new_record(index: int, scheduled_ns: int, slot_freed_ns: int) -> RequestRecord:
@@ -124,7 +136,7 @@ async def run_load(
             sender.result()  # re-raise an exception from on_record or should_stop
 
     records.sort(key=lambda r: r.index)
-    return LoadResult(records, offered_rate, burstiness, max_concurrency, start_ns, end_ns, stopped_early)
+    return LoadResult(records, offered_rate, shape.burstiness, shape.max_concurrency, start_ns, end_ns, stopped_early)
 
 
 def _due_times(
@@ -150,13 +162,19 @@ def _sessions(requests: Sequence[RequestSpec], n_warmup: int) -> list[list[int]]
     return list(turns.values())
 
 
-def run_load_sync(target: Target, requests: Sequence[RequestSpec], **options) -> LoadResult:
+def run_load_sync(
+    target: Target,
+    requests: Sequence[RequestSpec],
+    shape: LoadShape = LoadShape(),
+    on_record: Callable[[RequestRecord], None] | None = None,
+    should_stop: Callable[[Sequence[RequestRecord]], bool] | None = None,
+) -> LoadResult:
     """`run_load` on a new event loop: uvloop's when it is installed."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(run_load(target, requests, **options))
-    return uvloop.run(run_load(target, requests, **options))
+        return asyncio.run(run_load(target, requests, shape, on_record, should_stop))
+    return uvloop.run(run_load(target, requests, shape, on_record, should_stop))
 
 
 class _Slots:

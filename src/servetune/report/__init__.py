@@ -2,34 +2,33 @@
 
 from pathlib import Path
 
-from servetune.report import charts
-from servetune.report.data import importances, load_study, rows, unmeasured, write_levels_csv, write_trials_json
-from servetune.report.page import render
 from servetune.jsonio import write_atomic
-from servetune.results import write_outputs
+from servetune.report import charts
+from servetune.report.data import importances, load_study, write_levels_csv, write_trials_json
+from servetune.report.page import render
+from servetune.results import Results, write_outputs
 
-__all__ = ["write_report"]
+__all__ = ["publish", "write_report"]
 
 
 def write_report(storage: str, out: Path) -> Path:
-    """Write into `out` a self-contained report.html, its charts as PNGs, trials.json (every trial's full
-    outcome), levels.csv (one row per load level) and tune's outputs (summary.json, trials.csv, best.yaml,
-    best_command.sh). Returns the page's path."""
-    study = load_study(storage)
-    meta = study.user_attrs["meta"]
+    """Read the study in `storage` and write every output into `out` (`publish`). Returns the page's path."""
+    return publish(Results(load_study(storage)), out)
+
+
+def publish(results: Results, out: Path) -> Path:
+    """Write into `out`, all from `results`: a self-contained report.html, its charts as PNGs, trials.json (every
+    trial's full record), levels.csv (one row per load level) and tune's outputs (summary.json, trials.csv,
+    best.yaml, best_command.sh). Returns the page's path."""
     out.mkdir(parents=True, exist_ok=True)
-    summary = write_outputs(study, out)
-    trial_rows = rows(study)
-    write_trials_json(study, out / "trials.json")
-    write_levels_csv(trial_rows, out / "levels.csv")
-    default = (summary["default"] or {}).get("trial")
-    best = (summary["best"] or {}).get("trial")
-    importance, note = importances(study)
+    write_outputs(results, out)
+    write_trials_json(results.record, out / "trials.json")
+    write_levels_csv(results.rows, out / "levels.csv")
+    importance, note = importances(results.record)
     figures = {
-        "pareto": charts.pareto(trial_rows, default, best, meta["objective"], meta["slo"]),
-        "load": charts.load_curves(trial_rows, default, best, meta["slo"]),
-        "effects": charts.param_effects(trial_rows, meta["space"]["knobs"], default, best, meta["objective"],
-                                        importance),
+        "pareto": charts.pareto(results),
+        "load": charts.load_curves(results),
+        "effects": charts.param_effects(results, importance),
         "importance": charts.importance_bars(importance) if importance else None,
     }
     for name, fig in figures.items():
@@ -38,6 +37,5 @@ def write_report(storage: str, out: Path) -> Path:
     images = {name: charts.save(fig, out / f"{name}.png") for name, fig in figures.items() if fig is not None}
     files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "report.html")
     page = out / "report.html"
-    write_atomic(page, render(meta, summary, trial_rows, unmeasured(study), images, importance, note,
-                           ["report.html", *files]))
+    write_atomic(page, render(results, images, importance, note, ["report.html", *files]))
     return page

@@ -12,15 +12,25 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
+from servetune.results import Results, TrialRow
+from servetune.slo import REQUESTS_PER_S, TPOT, TTFT
+
 DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
-LATENCIES = (("p99_ttft_ms", "ttft_p99_ms", "p99 TTFT (ms)"), ("p99_tpot_ms", "tpot_p99_ms", "p99 TPOT (ms)"))
+LATENCIES = tuple((latency.p99_field, latency.slo, f"p99 {latency.label} (ms)") for latency in (TTFT, TPOT))
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,
          "axes.spines.right": False, "axes.grid": True, "grid.color": "#e5e7eb", "grid.linewidth": 0.8,
          "legend.frameon": False, "savefig.dpi": 120}
 
 
-def value_label(objective: str) -> str:
-    return "goodput (req/s within SLOs)" if objective == "goodput" else "throughput (req/s)"
+def value_label(objective: str, rate_unit: str = REQUESTS_PER_S) -> str:
+    """What a trial's value is, in its unit (a trace's goodput rates are speed-up factors)."""
+    return f"goodput ({rate_unit} within SLOs)" if objective == "goodput" else "throughput (req/s)"
+
+
+def _marked(results: Results) -> tuple[list[TrialRow], int | None, int | None]:
+    """The rows, and the trial numbers of vLLM's defaults and of the recommended config (None: none)."""
+    default, best = results.summary.default, results.summary.best
+    return results.rows, default.trial if default else None, best.trial if best else None
 
 
 def measured_at(objective: str) -> str:
@@ -28,62 +38,64 @@ def measured_at(objective: str) -> str:
     return "at the goodput rate" if objective == "goodput" else "at full load"
 
 
-def pareto_front(points: list[dict], latency: str) -> list[dict]:
+def pareto_front(points: list[TrialRow], latency: str) -> list[TrialRow]:
     """The points no other beats on both objective value (higher) and `latency` (lower), by latency."""
-    front: list[dict] = []
-    for p in sorted(points, key=lambda p: (p[latency], -p["value"])):
-        if not front or p["value"] > front[-1]["value"]:
+    front: list[TrialRow] = []
+    for p in sorted(points, key=lambda p: (getattr(p, latency), -p.value)):
+        if not front or p.value > front[-1].value:
             front.append(p)
     return front
 
 
-def pareto(rows: list[dict], default: int | None, best: int | None, objective: str, slo: dict) -> Figure | None:
+def pareto(results: Results) -> Figure | None:
     """Objective value against p99 TTFT and p99 TPOT for every measured trial; the front as a staircase.
     None when no trial has a value."""
-    if all(r["value"] is None for r in rows):
+    (rows, default, best), objective, slo = _marked(results), results.meta.objective, results.meta.slo
+    label_y = value_label(objective, results.summary.rate_unit)
+    if all(r.value is None for r in rows):
         return None
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(11, 4.2), layout="constrained")
         axes = fig.subplots(1, 2, sharey=True)
         for ax, (latency, slo_key, label) in zip(axes, LATENCIES):
-            points = [r for r in rows if r["value"] is not None and r[latency] is not None]
+            points = [r for r in rows if r.value is not None and getattr(r, latency) is not None]
             front = pareto_front(points, latency)
-            ax.scatter([p[latency] for p in points], [p["value"] for p in points], s=36, color=OTHER,
+            ax.scatter([getattr(p, latency) for p in points], [p.value for p in points], s=36, color=OTHER,
                        edgecolor="#3b82f6", linewidth=0.6, zorder=2, label="measured config")
-            ax.plot([p[latency] for p in front], [p["value"] for p in front], drawstyle="steps-post", color=FRONT,
+            ax.plot([getattr(p, latency) for p in front], [p.value for p in front], drawstyle="steps-post", color=FRONT,
                     linewidth=2, marker="o", markersize=7, zorder=3, label="Pareto front")
             for p in front:
-                if p["trial"] in (default, best):
+                if p.trial in (default, best):
                     continue  # labelled by _mark
-                ax.annotate(f"#{p['trial']}", (p[latency], p["value"]), xytext=(5, -11), textcoords="offset points",
+                ax.annotate(f"#{p.trial}", (getattr(p, latency), p.value), xytext=(5, -11), textcoords="offset points",
                             fontsize=8, color="#92400e")
             _mark(ax, points, default, best, latency)
             if slo_key in slo:
                 ax.axvline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2)
                 ax.annotate(f"SLO {slo[slo_key]:g} ms", (slo[slo_key], 0), xycoords=("data", "axes fraction"),
                             xytext=(-4, 4), textcoords="offset points", ha="right", color=SLO, fontsize=9)
-            _log_if_wide(ax.set_xscale, [p[latency] for p in points])
+            _log_if_wide(ax.set_xscale, [getattr(p, latency) for p in points])
             ax.set_xlabel(f"{label}, {measured_at(objective)}")
-            ax.set_title(f"{value_label(objective).split(' (')[0]} vs {label.split(' (')[0]}")
+            ax.set_title(f"{label_y.split(' (')[0]} vs {label.split(' (')[0]}")
             ax.margins(x=0.1)
-        axes[0].set_ylabel(value_label(objective))
-        axes[0].set_ylim(0, 1.15 * max(r["value"] for r in rows if r["value"] is not None) or 1)
+        axes[0].set_ylabel(label_y)
+        axes[0].set_ylim(0, 1.15 * max(r.value for r in rows if r.value is not None) or 1)
         handles, labels = axes[1].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=9)
     return fig
 
 
-def _mark(ax, points: list[dict], default: int | None, best: int | None, latency: str) -> None:
+def _mark(ax, points: list[TrialRow], default: int | None, best: int | None, latency: str) -> None:
     for p in points:
-        if p["trial"] == default:
+        if p.trial == default:
             text = "default = recommended" if best == default else "vLLM default"
-            ax.scatter(p[latency], p["value"], s=120, marker="s", facecolor="none", edgecolor=DEFAULT, linewidth=2,
+            ax.scatter(getattr(p, latency), p.value, s=120, marker="s", facecolor="none", edgecolor=DEFAULT, linewidth=2,
                        zorder=4)
-            ax.annotate(f"{text} (#{p['trial']})", (p[latency], p["value"]), xytext=(10, -16),
+            ax.annotate(f"{text} (#{p.trial})", (getattr(p, latency), p.value), xytext=(10, -16),
                         textcoords="offset points", fontsize=9, color="#374151", fontweight="bold")
-        elif p["trial"] == best:
-            ax.scatter(p[latency], p["value"], s=260, marker="*", color=BEST, edgecolor="white", zorder=5)
-            ax.annotate(f"recommended (#{p['trial']})", (p[latency], p["value"]), xytext=(10, 6),
+        elif p.trial == best:
+            ax.scatter(getattr(p, latency), p.value, s=260, marker="*", color=BEST, edgecolor="white", zorder=5)
+            ax.annotate(f"recommended (#{p.trial})", (getattr(p, latency), p.value), xytext=(10, 6),
                         textcoords="offset points", fontsize=9, color=BEST, fontweight="bold")
 
 
@@ -94,23 +106,25 @@ def _log_if_wide(set_scale, values: list[float]) -> None:
         set_scale("log")
 
 
-def load_curves(rows: list[dict], default: int | None, best: int | None, slo: dict) -> Figure | None:
+def load_curves(results: Results) -> Figure | None:
     """p99 TTFT and TPOT against the offered request rate, one line per config through its load levels.
     The capacity level (every request at once) sits at the rate it achieved. None without any level."""
-    if not any(_level_points(r, LATENCIES[0][0]) for r in rows):
+    (rows, default, best), slo = _marked(results), results.meta.slo
+    in_req_s = results.summary.rate_unit == REQUESTS_PER_S  # a trace's levels: at the req/s they offered
+    if not any(_level_points(r, LATENCIES[0][0], in_req_s) for r in rows):
         return None
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(11, 4.2), layout="constrained")
         axes = fig.subplots(1, 2)
-        order = sorted(rows, key=lambda r: (r["trial"] == best, r["trial"] == default))  # highlights on top
+        order = sorted(rows, key=lambda r: (r.trial == best, r.trial == default))  # highlights on top
         for ax, (latency, slo_key, label) in zip(axes, LATENCIES):
             values = []
             for row in order:
-                levels = sorted(_level_points(row, latency), key=lambda p: p[0])
+                levels = sorted(_level_points(row, latency, in_req_s), key=lambda p: p[0])
                 if not levels:
                     continue
-                color, width, z = ((BEST, 2.4, 4) if row["trial"] == best else (DEFAULT, 2.2, 3)
-                                   if row["trial"] == default else ("#94a3b8", 1, 2))
+                color, width, z = ((BEST, 2.4, 4) if row.trial == best else (DEFAULT, 2.2, 3)
+                                   if row.trial == default else ("#94a3b8", 1, 2))
                 ax.plot([p[0] for p in levels], [p[1] for p in levels], color=color, linewidth=width, zorder=z,
                         alpha=1 if z > 2 else 0.6)
                 for x, y, passed, capacity in levels:
@@ -130,12 +144,14 @@ def load_curves(rows: list[dict], default: int | None, best: int | None, slo: di
     return fig
 
 
-def _level_points(row: dict, latency: str) -> list[tuple[float, float, bool, bool]]:
-    """(rate, the level's `latency`, passed, capacity level) of each of the row's `LevelOutcome`s."""
+def _level_points(row: TrialRow, latency: str, in_req_s: bool) -> list[tuple[float, float, bool, bool]]:
+    """(rate in req/s, the level's `latency`, passed, capacity level) of each of the row's `LevelOutcome`s; the
+    rate of a level whose rate is not in req/s (a trace's speed-up factor) is the rate it offered."""
     points = []
-    for level in row["levels"]:
+    for level in row.levels:
         capacity = not math.isfinite(level.rate)
-        x = level.metrics.request_throughput if capacity else level.rate
+        x = (level.metrics.request_throughput if capacity else level.rate if in_req_s
+             else level.metrics.offered_request_rate)
         points.append((x, getattr(level.metrics, latency), level.passed, capacity))
     return points
 
@@ -155,24 +171,25 @@ def _load_legend(default: int | None, best: int | None) -> list[Line2D]:
     ]
 
 
-def param_effects(rows: list[dict], knobs: dict[str, list], default: int | None, best: int | None,
-                  objective: str, importance: dict[str, float]) -> Figure | None:
+def param_effects(results: Results, importance: dict[str, float]) -> Figure | None:
     """The objective value of every trial against each searched knob's value; failed configs at zero."""
-    names = [k for k in knobs if any(k in r["params"] for r in rows)]
+    (rows, default, best), knobs, objective = _marked(results), results.meta.knobs, results.meta.objective
+    unit = results.summary.rate_unit if objective == "goodput" else REQUESTS_PER_S
+    names = [k for k in knobs if any(k in r.params for r in rows)]
     if not names:
         return None
-    default_value = next((r["value"] for r in rows if r["trial"] == default), None)
+    default_value = next((r.value for r in rows if r.trial == default), None)
     cols = 2 if len(names) in (2, 4) else min(3, len(names))
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(11, 3.1 * math.ceil(len(names) / cols)), layout="constrained")
         axes = fig.subplots(math.ceil(len(names) / cols), cols, squeeze=False).ravel()
         for ax, name in zip(axes, names):
-            tried = [str(r["params"][name]) for r in rows if name in r["params"]]
+            tried = [str(r.params[name]) for r in rows if name in r.params]
             choices = list(dict.fromkeys([*map(str, knobs[name]), *tried]))  # the space's values, then any others
-            groups: dict[int, list[dict]] = {}
+            groups: dict[int, list[TrialRow]] = {}
             for row in rows:
-                if name in row["params"]:
-                    groups.setdefault(choices.index(str(row["params"][name])), []).append(row)
+                if name in row.params:
+                    groups.setdefault(choices.index(str(row.params[name])), []).append(row)
             for x, group in groups.items():
                 for dx, row in zip(np.linspace(-0.15, 0.15, len(group)) if len(group) > 1 else [0.0], group):
                     _effect_point(ax, x + dx, row, best)
@@ -186,7 +203,7 @@ def param_effects(rows: list[dict], knobs: dict[str, list], default: int | None,
         for ax in axes[len(names):]:
             ax.set_visible(False)
         for ax in axes[::cols]:
-            ax.set_ylabel(value_label(objective).split(" (")[0] + " (req/s)")
+            ax.set_ylabel(value_label(objective).split(" (")[0] + f" ({unit})")
         fig.legend(handles=[
             Line2D([], [], color=OTHER, marker="o", markeredgecolor="#3b82f6", linestyle="", label="trial"),
             Line2D([], [], color=BEST, marker="*", markersize=12, linestyle="", label="recommended"),
@@ -196,13 +213,13 @@ def param_effects(rows: list[dict], knobs: dict[str, list], default: int | None,
     return fig
 
 
-def _effect_point(ax, x: float, row: dict, best: int | None) -> None:
-    if row["value"] is None:
+def _effect_point(ax, x: float, row: TrialRow, best: int | None) -> None:
+    if row.value is None:
         ax.scatter(x, 0, marker="x", color=FAILED, s=40, zorder=3, clip_on=False)
-    elif row["trial"] == best:
-        ax.scatter(x, row["value"], marker="*", color=BEST, s=200, edgecolor="white", zorder=4, clip_on=False)
+    elif row.trial == best:
+        ax.scatter(x, row.value, marker="*", color=BEST, s=200, edgecolor="white", zorder=4, clip_on=False)
     else:
-        ax.scatter(x, row["value"], color=OTHER, edgecolor="#3b82f6", s=32, zorder=2, clip_on=False)
+        ax.scatter(x, row.value, color=OTHER, edgecolor="#3b82f6", s=32, zorder=2, clip_on=False)
 
 
 def importance_bars(importance: dict[str, float]) -> Figure:

@@ -1,5 +1,5 @@
-"""What the report shows, read from a finished study: one row per measured trial, the trials never measured,
-parameter importances, and the JSON/CSV exports."""
+"""What the report reads from a study beside its results (`servetune.results`): the study itself, parameter
+importances, and the JSON/CSV exports."""
 
 import csv
 import io
@@ -12,13 +12,14 @@ import optuna
 from optuna.trial import TrialState
 
 from servetune.jsonio import jsonable, write_atomic, write_json
-from servetune.results import trial_row
-from servetune.study import STUDY_NAME, StudyError, measured, outcome, sqlite_file, study_exists
+from servetune.record import StudyRecord
+from servetune.results import TrialRow
+from servetune.study import STUDY_NAME, StudyError, sqlite_file, study_exists
 
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with searched params before importances mean anything
 
 
-def load_study(storage: str) -> optuna.Study:
+def load_study(storage: str) -> StudyRecord:
     """The servetune study in `storage`; StudyError when there is none. Nothing is written into the storage
     before it is known to hold a servetune study (a missing or empty SQLite file stays as it is)."""
     path = sqlite_file(storage)
@@ -28,45 +29,15 @@ def load_study(storage: str) -> optuna.Study:
         raise StudyError(f"no servetune study in {storage}: the file is empty")
     if not study_exists(storage, read_only=True):
         raise StudyError(f"no servetune study in {storage}")
-    study = optuna.load_study(storage=storage, study_name=STUDY_NAME)
-    if "meta" not in study.user_attrs:
+    record = StudyRecord(optuna.load_study(storage=storage, study_name=STUDY_NAME))
+    if not record.has_meta:
         raise StudyError(f"the study in {storage} was not written by servetune tune (no meta)")
-    return study
+    return record
 
 
-def rows(study: optuna.Study) -> list[dict]:
-    """`results.trial_row` of every measured trial, plus its searched params, load levels (`LevelOutcome`s)
-    and the path of a failed trial's server log."""
-    result = []
-    out_dir = Path(study.user_attrs["meta"]["out"])
-    for t in measured(study):
-        out = outcome(t)
-        log = out.failure.log if out.failure else None
-        result.append(trial_row(t) | {"params": t.params, "levels": out.levels,
-                                      "log_path": str(out_dir / (out.artifacts or "") / log) if log else None})
-    return result
-
-
-def unmeasured(study: optuna.Study) -> list[dict]:
-    """Trials that never ran a server: skipped (infeasible or duplicate), interrupted, or still pending."""
-    done = {t.number for t in measured(study)}
-    result = []
-    for t in study.get_trials(deepcopy=False):
-        if t.number in done:
-            continue
-        if "skipped" in t.user_attrs:
-            reason = t.user_attrs["skipped"]
-        elif t.user_attrs.get("interrupted"):
-            reason = "interrupted; queued again"
-        else:
-            reason = t.state.name.lower()
-        result.append({"trial": t.number, "role": t.user_attrs.get("role", "search"), "params": t.params,
-                       "reason": reason})
-    return result
-
-
-def importances(study: optuna.Study) -> tuple[dict[str, float], str | None]:
+def importances(record: StudyRecord) -> tuple[dict[str, float], str | None]:
     """Optuna's parameter importances for the objective, and a note when they are missing or shaky."""
+    study = record.study
     searched = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.params]
     if len(searched) < MIN_IMPORTANCE_TRIALS:
         return {}, (f"Parameter importance needs at least {MIN_IMPORTANCE_TRIALS} completed searched trials; "
@@ -79,20 +50,18 @@ def importances(study: optuna.Study) -> tuple[dict[str, float], str | None]:
                     f"({shaky[0]}).") if shaky else None
 
 
-def write_trials_json(study: optuna.Study, path: Path) -> None:
-    """Every trial: number, state, params, value and all its user attributes (the full outcome)."""
-    trials = [{"trial": t.number, "state": t.state.name, "params": t.params, "value": t.value,
-               **t.user_attrs} for t in study.get_trials(deepcopy=False)]
-    write_json(path, {"meta": study.user_attrs.get("meta"), "trials": trials})
+def write_trials_json(record: StudyRecord, path: Path) -> None:
+    """Every trial: number, state, params, value and its whole record as stored (the full outcome)."""
+    write_json(path, {"meta": record.stored_meta, "trials": record.exported()})
 
 
-def write_levels_csv(trial_rows: list[dict], path: Path) -> None:
+def write_levels_csv(trial_rows: list[TrialRow], path: Path) -> None:
     """One row per load level of every measured trial: its verdict, every metric and the server's counters."""
     table = []
     for row in trial_rows:
-        for index, level in enumerate(row["levels"]):
+        for index, level in enumerate(row.levels):
             entry: dict[str, Any] = {
-                "trial": row["trial"], "role": row["role"], "level": index, "name": str(level.name),
+                "trial": row.trial, "role": row.role, "level": index, "name": str(level.name),
                 "rate": level.rate, "verdict": str(level.verdict), "passed": level.passed,
                 "reasons": "; ".join(level.reasons), "stopped": level.stopped,
             }

@@ -10,7 +10,7 @@ import yaml
 
 from servetune.engine.args import to_argv
 from servetune.report.charts import measured_at, value_label
-from servetune.results import vllm_config_yaml
+from servetune.results import Results, vllm_config_yaml
 
 TEMPLATE = Path(__file__).with_name("report.html.j2").read_text()
 
@@ -45,30 +45,30 @@ def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
 
 
-def _value(entry: dict | None, summary: dict) -> float | None:
-    """The objective's value of a summary entry (which carries both rates)."""
-    if entry is None:
-        return None
-    return entry["goodput_rate"] if summary["objective"] == "goodput" else entry["request_throughput"]
-
-
-def render(meta: dict, summary: dict, rows: list[dict], unmeasured: list[dict], images: dict[str, Path],
-           importance: dict[str, float], importance_note: str | None, files: list[str]) -> str:
+def render(results: Results, images: dict[str, Path], importance: dict[str, float], importance_note: str | None,
+           files: list[str]) -> str:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     env.filters |= {"num": number, "flags": flags, "pct": lambda v: "–" if v is None else f"{v:+.0%}",
                     "pairs": lambda params: " ".join(f"{k}={v}" for k, v in params.items())}
-    best, default = summary["best"], summary["default"]
-    headroom = summary.get("headroom")  # a max-model-len below the model's context: what it refuses
+    meta, summary = results.meta, results.summary
+    best, default = summary.best, summary.default
+    rows = {row.trial: row for row in results.rows}
+    shown = [("recommended", best.trial)] if best else []
+    shown += [("vLLM's defaults", default.trial)] if default and (not best or default.trial != best.trial) else []
+    per_turn = [(who, trial, level) for who, trial in shown
+                if (level := rows[trial].headline_level(meta.objective)) is not None and level.metrics.per_turn]
+    headroom = summary.headroom  # a max-model-len below the model's context: what it refuses
     return env.from_string(TEMPLATE).render(
-        meta=meta, summary=summary, rows=rows, unmeasured=unmeasured, importance=importance,
-        importance_note=importance_note, files=files, confidence=meta.get("levels", {}).get("confidence", 0.95),
-        value_label=value_label(meta["objective"]), measured_at=measured_at(meta["objective"]),
+        meta=meta, summary=summary, rows=results.rows, unmeasured=results.unmeasured, importance=importance,
+        importance_note=importance_note, files=files, confidence=meta.confidence or 0.95,
+        value_label=value_label(meta.objective, summary.rate_unit), measured_at=measured_at(meta.objective),
         images={name: data_uri(path) for name, path in images.items()},
-        default_trial=(default or {}).get("trial"), best_trial=(best or {}).get("trial"),
-        best_value=_value(best, summary), default_value=_value(default, summary),
-        best_yaml=vllm_config_yaml(meta["model"], best["config"], headroom["comment"] if headroom else None)
+        default_trial=default.trial if default else None, best_trial=best.trial if best else None,
+        best_value=best.rate(meta.objective) if best else None,
+        default_value=default.rate(meta.objective) if default else None,
+        best_yaml=vllm_config_yaml(meta.model, best.config, headroom.comment if headroom else None)
         if best else None, headroom=headroom,
-        best_command=command(meta["model"], best["config"]) if best else None,
-        workload=yaml.safe_dump(meta["workload"], sort_keys=False),
+        best_command=command(meta.model, best.config) if best else None,
+        workload=yaml.safe_dump(meta.workload, sort_keys=False), per_turn=per_turn,
     )

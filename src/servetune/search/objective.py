@@ -4,30 +4,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from servetune.errors import ServetuneError
 from servetune.metrics import LevelMetrics
+from servetune.slo import latency
 from servetune.verdict import Decision, SloTest
 
-# SLO name -> the level metric it bounds (p99 over the level's requests, vLLM's field names)
-SLO_METRICS = {
-    "ttft_p99_ms": "p99_ttft_ms",
-    "tpot_p99_ms": "p99_tpot_ms",
-    "itl_p99_ms": "p99_itl_ms",
-    "e2el_p99_ms": "p99_e2el_ms",
-}
 KEEP_UP_FRACTION = 0.95  # a level keeps up when, in its steady part, >= 95% as many requests complete as arrive
 KEEP_UP_Z = 1.645  # ... or when its shortfall is within the level's noise (one-sided 95%)
-
-
-def parse_slo(slo: Mapping[str, float]) -> dict[str, float]:
-    """Validate SLO names and values: {'ttft_p99_ms': 1000.0, ...}."""
-    unknown = sorted(set(slo) - set(SLO_METRICS))
-    if unknown:
-        raise ServetuneError(f"unknown SLO {', '.join(unknown)}; use {', '.join(SLO_METRICS)}")
-    bad = [k for k, v in slo.items() if not (isinstance(v, (int, float)) and v > 0)]
-    if bad:
-        raise ServetuneError(f"SLO {', '.join(bad)} must be a positive number of ms")
-    return {k: float(v) for k, v in slo.items()}
 
 
 def rejected_requests(metrics: LevelMetrics) -> int:
@@ -47,8 +29,8 @@ def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], short_replies
     schedule (`client_lagging`) are named apart from server-side failures. `keep_up=False` leaves the keep-up
     check to the caller."""
     if tests is None:
-        reasons = [f"{name} {getattr(metrics, SLO_METRICS[name]):.1f} > {bound:g}"
-                   for name, bound in slo.items() if getattr(metrics, SLO_METRICS[name]) > bound]
+        reasons = [f"{name} {latency(name).p99(metrics):.1f} > {bound:g}"
+                   for name, bound in slo.items() if latency(name).p99(metrics) > bound]
     else:
         reasons = [str(test) if test.decision == Decision.FAIL else f"undecided: {test}"
                    for test in tests if test.decision != Decision.PASS]

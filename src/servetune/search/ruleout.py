@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.outcome import TrialOutcome
+from servetune.slo import ITL, REQUESTS_PER_S
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class PrefillSpeed:
     tokens_per_s: float
     trial: int
     rate: float
+    rate_unit: str = REQUESTS_PER_S
 
     def step_ms(self, tokens: int) -> float:
         return 1000 * tokens / self.tokens_per_s
@@ -39,7 +41,8 @@ def prefill_speed(outcomes: Iterable[tuple[int, TrialOutcome]]) -> PrefillSpeed 
         m = quiet.metrics
         if m.median_ttft_ms <= 0:
             continue
-        speed = PrefillSpeed(m.total_input_tokens / m.completed / (m.median_ttft_ms / 1000), number, quiet.rate)
+        speed = PrefillSpeed(m.total_input_tokens / m.completed / (m.median_ttft_ms / 1000), number, quiet.rate,
+                             out.rate_unit)
         if best is None or speed.tokens_per_s > best.tokens_per_s:
             best = speed
     return best
@@ -57,13 +60,13 @@ def prefill_step_tokens(config: Mapping[str, Any], typical_prompt: int) -> int |
 def ruled_out(config: Mapping[str, Any], slo: Mapping[str, float], speed: PrefillSpeed | None,
               typical_prompt: int) -> str | None:
     """Why measured trials rule `config` out under the p99 ITL SLO, or None."""
-    if speed is None or "itl_p99_ms" not in slo:
+    if speed is None or ITL.slo not in slo:
         return None
     tokens = prefill_step_tokens(config, typical_prompt)
     stall = 0.0 if tokens is None else speed.step_ms(tokens)
-    if stall <= slo["itl_p99_ms"]:
+    if stall <= slo[ITL.slo]:
         return None
     how = "whole-prompt" if config.get("enable_chunked_prefill") is False else f"{tokens}-token chunk"
     return (f"a {how} prefill step of ~{tokens} tokens takes ~{stall:.0f} ms at the {speed.tokens_per_s:,.0f} "
-            f"tokens/s measured in trial {speed.trial} (at {speed.rate:.2f} req/s), over the p99 ITL SLO of "
-            f"{slo['itl_p99_ms']:g} ms")
+            f"tokens/s measured in trial {speed.trial} (at {speed.rate:.2f} {speed.rate_unit}), over the p99 ITL SLO of "
+            f"{slo[ITL.slo]:g} ms")

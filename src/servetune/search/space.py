@@ -4,13 +4,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from servetune.engine.args import CPU_KVCACHE_SPACE
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
+from servetune.knobs import CPU_KVCACHE_SPACE, KNOBS, OPTIONAL, batched_tokens_ladder
+
+__all__ = ["BLOCK_SIZE", "NO_CHUNK_REASON", "Knob", "SearchSpace", "batched_tokens_ladder", "build_space", "round_up"]
 
 BLOCK_SIZE = 16
-CHUNK_BASE = 128  # the procedure: with chunked prefill, start near 128 and double
-OPTIONAL_KNOBS = ("block_size", "kv_cache_dtype", "cudagraph_capture", "tensor_parallel_size")
 NO_CHUNK_REASON = "without chunked prefill vLLM needs max-num-batched-tokens >= max-model-len"
 
 
@@ -97,12 +97,6 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def batched_tokens_ladder(max_model_len: int) -> tuple[int, ...]:
-    """Chunk sizes 128 * 2^k below 4x max_model_len, and whole multiples 1x..4x max_model_len."""
-    chunks = [CHUNK_BASE * 2**k for k in range(12) if CHUNK_BASE * 2**k < max_model_len]
-    return tuple(sorted(set(chunks + [m * max_model_len for m in (1, 2, 3, 4)])))
-
-
 def build_space(
     vllm: InstalledVllm,
     max_model_len: int,
@@ -123,23 +117,11 @@ def build_space(
     fixed = dict(fixed or {})
     mml = round_up(max_model_len, BLOCK_SIZE)
     mml = fixed.get("max_model_len") or (min(mml, context) if context else mml)
-    knobs = [
-        Knob("max_num_batched_tokens", batched_tokens_ladder(mml)),
-        Knob("enable_chunked_prefill", (True, False)),
-        Knob("enable_prefix_caching", (True, False)),
-        Knob("max_num_seqs", (16, 32, 64, 128, 256) if vllm.on_cpu else (64, 128, 256, 512, 1024)),
-        Knob("enforce_eager", (False, True)),
-        Knob(CPU_KVCACHE_SPACE, (0.25, 0.5, 1, 2)) if vllm.on_cpu else Knob("gpu_memory_utilization", (0.85, 0.9, 0.95)),
-    ]
-    extra = {
-        "block_size": Knob("block_size", (16, 32, 64) if not vllm.on_cpu else (16, 32, 128)),
-        "kv_cache_dtype": Knob("kv_cache_dtype", ("auto", "fp8")),
-        "cudagraph_capture": Knob("max_cudagraph_capture_size", (128, 256, 512)),
-        "tensor_parallel_size": Knob("tensor_parallel_size", (1, 2, 4, 8)),
-    }
+    optional = list(optional)
     for name in optional:
-        if name not in extra:
-            raise ServetuneError(f"unknown optional knob {name!r}; choose from {', '.join(OPTIONAL_KNOBS)}")
-        knobs.append(extra[name])
+        if name not in OPTIONAL:
+            raise ServetuneError(f"unknown optional knob {name!r}; choose from {', '.join(OPTIONAL)}")
+    declared = [k for k in KNOBS if k.option is None] + [OPTIONAL[name] for name in optional]
+    knobs = [Knob(k.arg, values) for k in declared if (values := k.values(vllm.on_cpu, mml))]
     kept = tuple(k for k in knobs if k.name not in fixed and (k.name == CPU_KVCACHE_SPACE or vllm.accepts(k.name)))
     return SearchSpace(kept, fixed, mml, context)

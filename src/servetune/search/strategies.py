@@ -1,19 +1,21 @@
 """Search strategies: each proposes the next config of a study. `seed` follows the manual tuning procedure,
 `grid` walks the space, `optuna` lets a sampler (TPE, constrained when the objective is throughput under SLOs)
-choose. The search never launches anything: the tuner measures and tells the study."""
+choose. A strategy registers itself (`register`: its name, a line of help, what a trial its sampler proposed
+records as its reason); the CLI's choices come from the registry. The search never launches anything: the tuner
+measures and tells the study."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from servetune.engine.logfacts import FailureKind
-from servetune.outcome import TrialOutcome
-
+from servetune.knobs import KNOBS, first_rung
+from servetune.record import RecordedTrial, StudyRecord, TrialRecord, constraints_of, read_trial
 from servetune.search.space import SearchSpace
-
-STRATEGIES = ("seed", "grid", "optuna")
-
+from servetune.slo import latency
 
 class Strategy(Protocol):
     """Makes the study's sampler and, for strategies that plan themselves, queues the next config."""
@@ -25,22 +27,40 @@ class Strategy(Protocol):
         ...
 
 
-def _outcome(t: FrozenTrial) -> TrialOutcome | None:
-    return TrialOutcome.read(t.user_attrs["outcome"]) if "outcome" in t.user_attrs else None
+@dataclass(frozen=True)
+class Registered:
+    """A strategy users pick by name (`--strategy NAME`)."""
+
+    name: str
+    help: str  # a line for `--strategy`'s help
+    why: str  # why a trial its sampler proposed (not one it queued itself) was proposed, as the study records it
+    make: Callable[..., Strategy]  # (space, budget, seed, constrained, slo) -> the strategy
 
 
-def value_of(t: FrozenTrial) -> float:
+REGISTRY: dict[str, Registered] = {}
+
+
+def register(name: str, help: str, why: str) -> Callable[[type], type]:
+    """Add the decorated strategy class to the registry under `name`."""
+    def add(cls: type) -> type:
+        REGISTRY[name] = Registered(name, help, why, cls)
+        return cls
+    return add
+
+
+def strategy_help() -> str:
+    """`--strategy`'s help: every registered strategy and what it does."""
+    return "; ".join(f"{s.name} ({s.help})" for s in REGISTRY.values())
+
+
+def value_of(t: RecordedTrial) -> float:
     return t.value if t.state == TrialState.COMPLETE and t.value is not None else float("-inf")
 
 
-# The procedure's first rung, as a whole config: chunked prefill at a small chunk, the rest as vLLM has it.
-ANCHOR = {"enable_chunked_prefill": True, "max_num_batched_tokens": 512, "enable_prefix_caching": True,
-          "max_num_seqs": 128, "enforce_eager": False, "cpu_kvcache_space_gib": 1, "gpu_memory_utilization": 0.9}
 
 
-LATENCY_SLOS = ("itl_p99_ms", "tpot_p99_ms")  # SLOs that prefill stalls break: chunking decides them
-
-
+@register("optuna", help="TPE, warm-started by the procedure's first rung, or by the chunk ladder under an ITL or "
+                          "TPOT SLO", why="TPE's proposal")
 class OptunaStrategy:
     """TPE (multivariate, constant liar) over the categorical knobs, warm-started by the procedure; with SLO
     constraints when the objective is plain throughput, via `constraints_func` reading the trial's
@@ -48,20 +68,21 @@ class OptunaStrategy:
 
     The warm start follows what binds. Under an ITL or TPOT SLO, prefill stalls decide the SLO, so the chunk
     ladder comes first (`ChunkLadder`: chunked prefill, chunk sizes walked from the anchor's up while each
-    rung beats the one below, then down); otherwise one anchor config (the procedure's first rung, ANCHOR).
+    rung beats the one below, then down); otherwise one anchor config (the procedure's first rung,
+    `knobs.first_rung`).
     TPE proposes the rest."""
 
     def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool,
                  slo: tuple[str, ...] = ()):
         self.space, self.budget, self.seed, self.constrained = space, budget, seed, constrained
-        latency_bound = any(name in LATENCY_SLOS for name in slo)
+        latency_bound = any(latency(name).prefill_bound for name in slo)  # prefill stalls break it: chunking decides
         self.ladder = ChunkLadder.for_space(space, self.anchor()) if latency_bound else None
 
     def anchor(self) -> dict[str, Any]:
-        """ANCHOR's value for each knob, or the nearest value the knob offers."""
-        params = {}
+        """The first rung's value for each knob, or the nearest value the knob offers."""
+        params, rung = {}, first_rung()
         for knob in self.space.knobs:
-            want = ANCHOR.get(knob.name, knob.choices[0])
+            want = rung.get(knob.name, knob.choices[0])
             if want in knob.choices or not isinstance(want, (int, float)) or isinstance(want, bool):
                 params[knob.name] = want if want in knob.choices else knob.choices[0]
             else:
@@ -72,21 +93,22 @@ class OptunaStrategy:
         return optuna.samplers.TPESampler(
             seed=self.seed, multivariate=True, constant_liar=True,
             n_startup_trials=max(2, self.budget // 3),
-            constraints_func=(lambda t: t.user_attrs.get("constraints", [0.0])) if self.constrained else None,
+            constraints_func=constraints_of if self.constrained else None,
         )
 
     def plan_next(self, study: optuna.Study) -> bool:
-        trials = study.get_trials(deepcopy=False)
+        record = StudyRecord(study)
+        trials = record.trials()
         if self.ladder is not None:
             step = self.ladder.next(trials)
             if step is not None:
                 params, why = step
-                study.enqueue_trial(params, user_attrs={"role": "ladder", "planned": params, "why": why})
+                record.enqueue(params, TrialRecord(role="ladder", planned=params, why=why))
             return True
-        if not any(t.user_attrs.get("role") == "anchor" for t in trials):
+        if not any(t.record.role == "anchor" for t in trials):
             anchor = self.anchor()
-            study.enqueue_trial(anchor, user_attrs={"role": "anchor", "planned": anchor,
-                                                    "why": "the procedure's first rung (chunked prefill 512)"})
+            record.enqueue(anchor, TrialRecord(role="anchor", planned=anchor,
+                                               why="the procedure's first rung (chunked prefill 512)"))
         return True
 
 
@@ -112,9 +134,8 @@ class ChunkLadder:
         seqs = space.knob("max_num_seqs")
         return cls(base, chunks, start, seqs.choices if seqs is not None else ())
 
-    def next(self, trials: list[FrozenTrial]) -> tuple[dict[str, Any], str] | None:
-        rungs = {t.user_attrs["planned"].get("max_num_batched_tokens"): t for t in trials
-                 if t.user_attrs.get("role") == "ladder"}
+    def next(self, trials: list[RecordedTrial]) -> tuple[dict[str, Any], str] | None:
+        rungs = {t.record.planned.get("max_num_batched_tokens"): t for t in trials if t.record.role == "ladder"}
         if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in rungs.values()):
             return None  # a rung is queued or running: its result decides the next
         done = {chunk: value_of(t) for chunk, t in rungs.items()}
@@ -146,6 +167,7 @@ class ChunkLadder:
         return (j - 1, "going down") if j > 0 and c[j - 1] not in done else None
 
 
+@register("grid", help="every combination of the knobs' values, in a seeded random order", why="the grid's next point")
 class GridStrategy(OptunaStrategy):
     """Every combination of the knobs' values, in a seeded random order."""
 
@@ -157,6 +179,8 @@ class GridStrategy(OptunaStrategy):
         return True
 
 
+@register("seed", help="the manual procedure: a ladder per knob on top of the best config so far",
+          why="the procedure's next step")
 class SeedStrategy:
     """The manual procedure, one ladder per knob on top of the best config so far:
     max_model_len is the model's context, or the workload's longest request where the space tightens it;
@@ -181,14 +205,14 @@ class SeedStrategy:
             whole = [v for v in mnbt.choices if v >= mml and v % mml == 0]
             ladders.append(("chunked", [{"enable_chunked_prefill": True, "max_num_batched_tokens": v} for v in chunked]))
             ladders.append(("whole", [{"enable_chunked_prefill": False, "max_num_batched_tokens": v} for v in whole]))
-        for name in ("enable_prefix_caching", "max_num_seqs", "cpu_kvcache_space_gib", "gpu_memory_utilization"):
+        for name in (k.arg for k in KNOBS if k.ladder):
             knob = self.space.knob(name)
             if knob is not None:
                 ladders.append((name, [{name: v} for v in knob.choices]))
         return ladders
 
-    def _history(self, study: optuna.Study) -> list[FrozenTrial]:
-        return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("role") in ("default", "seed")]
+    def _history(self, study: optuna.Study) -> list[RecordedTrial]:
+        return [t for t in StudyRecord(study).trials() if t.record.role in ("default", "seed")]
 
     def _next(self, study: optuna.Study) -> dict[str, Any] | None:
         history = self._history(study)
@@ -196,10 +220,10 @@ class SeedStrategy:
         done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
         best = max(done, key=value_of, default=None)
         base = dict(best.params) if best is not None else {}
-        oom = any(out.failure.kind == FailureKind.OOM for t in done if (out := _outcome(t)) and out.failure)
+        oom = any(t.outcome.failure.kind == FailureKind.OOM for t in done if t.outcome and t.outcome.failure)
         ladders = self.steps + ([("enforce_eager", [{"enforce_eager": True}])] if oom else [])
         for ladder, steps in ladders:
-            ran = [t for t in done if t.user_attrs.get("ladder") == ladder]
+            ran = [t for t in done if t.record.ladder == ladder]
             if self._ladder_stopped(ran):
                 continue
             for step in steps:
@@ -210,11 +234,11 @@ class SeedStrategy:
         return None
 
     @staticmethod
-    def _ladder_stopped(ran: list[FrozenTrial]) -> bool:
+    def _ladder_stopped(ran: list[RecordedTrial]) -> bool:
         if not ran:
             return False
         last = ran[-1]
-        if last.state != TrialState.COMPLETE or (_outcome(last).preemptions or 0) > 0:
+        if last.state != TrialState.COMPLETE or (last.outcome.preemptions or 0) > 0:
             return True
         return len(ran) >= 2 and value_of(last) <= value_of(ran[-2])
 
@@ -222,24 +246,22 @@ class SeedStrategy:
         step = self._next(study)
         if step is None:
             return False
-        study.enqueue_trial(step["params"], user_attrs={"role": "seed", "ladder": step["ladder"],
-                                                        "planned": step["params"],
-                                                        "why": f"the procedure: {step['ladder']} ladder"})
+        StudyRecord(study).enqueue(step["params"], TrialRecord(role="seed", ladder=step["ladder"], planned=step["params"],
+                                                               why=f"the procedure: {step['ladder']} ladder"))
         return True
 
 
 def make_strategy(name: str, space: SearchSpace, budget: int, seed: int, constrained: bool,
                   slo: tuple[str, ...] = ()) -> Strategy:
     """The strategy called `name`; `slo` names the SLOs of the study (what binds shapes the warm start)."""
-    classes = {"seed": SeedStrategy, "grid": GridStrategy, "optuna": OptunaStrategy}
-    if name not in classes:
-        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
-    return classes[name](space, budget, seed, constrained, slo)
+    if name not in REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}")
+    return REGISTRY[name].make(space, budget, seed, constrained, slo)
 
 
 def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
     """The config of a searched trial: the knobs a queued trial planned, otherwise every knob sampled."""
-    planned = trial.user_attrs.get("planned")
+    planned = read_trial(trial).planned
     names = list(planned) if planned is not None else [k.name for k in space.knobs]
     params = {n: trial.suggest_categorical(n, list(space.knob(n).choices)) for n in names if space.knob(n)}
     return space.config(params)

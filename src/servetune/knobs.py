@@ -1,0 +1,87 @@
+"""The engine arguments servetune tunes, each declared once: the values the search tries (on CPU and on a GPU, in
+ladder order), vLLM's own default where the memory model needs it, whether it is searched by default or added with
+`--knob NAME`, its part in the manual procedure (the seed strategy's ladders, the first rung every warm start begins
+with). The search space (`search.space`), the strategies, the CLI's `--knob` and the memory model read it."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Not a vLLM flag: servetune's name for the CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE), launched
+# as --kv-cache-memory-bytes so that fractions of a GiB work and a config file carries it.
+CPU_KVCACHE_SPACE = "cpu_kvcache_space_gib"
+CHUNK_BASE = 128  # the procedure: with chunked prefill, start near 128 and double
+
+
+def batched_tokens_ladder(max_model_len: int) -> tuple[int, ...]:
+    """Chunk sizes 128 * 2^k below 4x max_model_len, and whole multiples 1x..4x max_model_len."""
+    chunks = [CHUNK_BASE * 2**k for k in range(12) if CHUNK_BASE * 2**k < max_model_len]
+    return tuple(sorted(set(chunks + [m * max_model_len for m in (1, 2, 3, 4)])))
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """An engine argument the search may set."""
+
+    arg: str  # the engine argument, snake_case
+    help: str
+    cpu: tuple = ()  # the values tried on CPU, in ladder order (none: not searched there)
+    gpu: tuple = ()  # ... on a GPU
+    from_model_len: Callable[[int], tuple] | None = None  # values that follow the tightened max-model-len instead
+    default_cpu: Any = None  # vLLM's default, where the memory model fills it in (None: derived, or not needed)
+    default_gpu: Any = None
+    option: str | None = None  # `--knob NAME` adds it to the search; None: searched by default
+    ladder: bool = False  # the seed procedure walks its values as a ladder of its own
+    first_rung: Any = None  # its value in the procedure's first rung (None: its first value)
+
+    def values(self, on_cpu: bool, max_model_len: int) -> tuple:
+        if self.from_model_len is not None:
+            return self.from_model_len(max_model_len)
+        return self.cpu if on_cpu else self.gpu
+
+    def vllm_default(self, on_cpu: bool) -> Any:
+        return self.default_cpu if on_cpu else self.default_gpu
+
+
+KNOBS = (
+    KnobSpec("max_num_batched_tokens", "tokens per engine step: the prefill chunk with chunked prefill "
+             "(128 x 2^k below max-model-len), else 1x..4x max-model-len", from_model_len=batched_tokens_ladder,
+             first_rung=512),
+    KnobSpec("enable_chunked_prefill", "prefill long prompts in chunks between decode steps",
+             cpu=(True, False), gpu=(True, False), first_rung=True),
+    KnobSpec("enable_prefix_caching", "reuse the KV cache of shared prompt prefixes",
+             cpu=(True, False), gpu=(True, False), ladder=True, first_rung=True),
+    KnobSpec("max_num_seqs", "requests decoded at once", cpu=(16, 32, 64, 128, 256), gpu=(64, 128, 256, 512, 1024),
+             ladder=True, first_rung=128),
+    KnobSpec("enforce_eager", "no CUDA graphs (less memory, slower decode); the seed procedure tries it after an OOM",
+             cpu=(False, True), gpu=(False, True), default_cpu=False, default_gpu=False, first_rung=False),
+    KnobSpec(CPU_KVCACHE_SPACE, "CPU: the KV cache size in GiB", cpu=(0.25, 0.5, 1, 2), ladder=True, first_rung=1),
+    KnobSpec("gpu_memory_utilization", "GPU: the share of its memory vLLM takes (chosen by the memory model when "
+             "it can read the model)", gpu=(0.85, 0.9, 0.95), default_cpu=0.9, default_gpu=0.9, ladder=True,
+             first_rung=0.9),
+    KnobSpec("block_size", "tokens per KV cache block", cpu=(16, 32, 128), gpu=(16, 32, 64), default_cpu=128,
+             default_gpu=16, option="block_size"),
+    KnobSpec("kv_cache_dtype", "the KV cache's data type", cpu=("auto", "fp8"), gpu=("auto", "fp8"),
+             default_cpu="auto", default_gpu="auto", option="kv_cache_dtype"),
+    KnobSpec("max_cudagraph_capture_size", "the largest batch captured as a CUDA graph", cpu=(128, 256, 512),
+             gpu=(128, 256, 512), option="cudagraph_capture"),
+    KnobSpec("tensor_parallel_size", "GPUs a config shards the model over", cpu=(1, 2, 4, 8), gpu=(1, 2, 4, 8),
+             default_cpu=1, default_gpu=1, option="tensor_parallel_size"),
+)
+OPTIONAL = {knob.option: knob for knob in KNOBS if knob.option is not None}  # by --knob name
+_BY_ARG = {knob.arg: knob for knob in KNOBS}
+
+
+def knob(arg: str) -> KnobSpec:
+    """The declaration of engine argument `arg` (KeyError: not a knob)."""
+    return _BY_ARG[arg]
+
+
+def first_rung() -> dict[str, Any]:
+    """The procedure's first rung as a whole config: chunked prefill at a small chunk, the rest as vLLM has it."""
+    return {k.arg: k.first_rung for k in KNOBS if k.first_rung is not None}
+
+
+def optional_help() -> str:
+    """`--knob`'s help: each optional knob and what it is."""
+    return "; ".join(f"{name} ({spec.help})" for name, spec in OPTIONAL.items())

@@ -1,0 +1,372 @@
+"""What each command takes, declared once: a model per command whose fields are its options (type, default, flag,
+help). The CLI builds each command's line from its model (`cli.command`); `resolve` checks the values into what the
+command runs (`BenchOptions`, `TuneOptions`, a `VerifyPlan`), naming the option in the one line a bad one gives
+(UsageError); the tests build the same models. Heavy modules are imported where a value is checked, so that
+`servetune --help` stays quick."""
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+from typer import Option
+
+from servetune.errors import ServetuneError
+from servetune.jsonio import check_writable
+from servetune.knobs import optional_help
+from servetune.search.strategies import strategy_help
+
+if TYPE_CHECKING:
+    from servetune.benchrun import BenchOptions
+    from servetune.tune import TuneOptions
+    from servetune.verify import VerifyPlan
+    from servetune.workload import WorkloadSpec
+
+
+class UsageError(ServetuneError):
+    """A bad command-line option: reported as one line, exit code 2."""
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+Slo = Annotated[list[str], Option("--slo", help="An SLO, e.g. ttft_p99_ms=1000 (repeatable).")]
+EngineArg = Annotated[list[str], Option(
+    "--engine-arg", help="A vLLM engine arg as key=value, e.g. max-num-seqs=64 (repeatable).")]
+RequestTimeout = Annotated[Optional[float], Option(
+    "--request-timeout", help="Seconds without a byte from the server after which a request fails (kind timeout); "
+                              "default: 30 s plus the level's tokens at 1,000 tokens/s.")]
+
+
+class BenchArgs(_Args):
+    """`servetune bench`: drive load against a vLLM server (running, or launched with --launch) and report its
+    metrics."""
+
+    json_out: Annotated[Path, Option("--json", help="Write the results (vllm bench serve's field names) here.")]
+    model: Annotated[str, Option(help="Served model name; with --launch, the model path.")]
+    base_url: Annotated[Optional[str], Option(help="A running OpenAI-compatible server.")] = None
+    launch: Annotated[bool, Option(help="Launch vLLM with --engine-arg, bench it, stop it.")] = False
+    engine_arg: EngineArg = []
+    tokenizer: Annotated[Optional[str], Option(help="Tokenizer path; default: the model.")] = None
+    workload: Annotated[Optional[Path], Option(help="A workload YAML file.")] = None
+    input_len: Annotated[int, Option(min=1)] = 1024
+    output_len: Annotated[int, Option(min=1)] = 128
+    num_prompts: Annotated[Optional[int], Option(min=1)] = None
+    request_rate: Annotated[Optional[float], Option(help="req/s, or inf")] = None
+    burstiness: Annotated[Optional[float], Option(help="Gamma shape; 1 = Poisson.")] = None
+    max_concurrency: Annotated[Optional[int], Option(min=1)] = None
+    endpoint: Annotated[Optional[str], Option(help="completions or chat")] = None
+    seed: Annotated[Optional[int], Option()] = None
+    warmup: Annotated[int, Option(min=0, help="Warm-up requests, not measured.")] = 0
+    goodput: Annotated[list[str], Option(help="Per-request SLO for goodput, e.g. ttft_ms=500.")] = []
+    max_failed_fraction: Annotated[float, Option(help="Exit 1 when more requests fail than this.")] = 0.05
+    request_timeout: RequestTimeout = None
+
+    def resolve(self) -> "BenchOptions":
+        """Every option checked before any server is asked or launched."""
+        from servetune.benchrun import BenchOptions
+
+        request_timeout_s = check_timeout(self.request_timeout)
+        if self.launch == (self.base_url is not None):
+            raise UsageError("give exactly one of --base-url URL (a running server) or --launch")
+        if self.engine_arg and not self.launch:
+            raise UsageError("--engine-arg needs --launch")
+        model = local_model(self.model) if self.launch else self.model
+        return BenchOptions(json_out=self.json_out, model=model, workload=self._workload(), base_url=self.base_url,
+                            goodput_slo=self._goodput_slo(), engine_args=pairs(self.engine_arg, "--engine-arg"),
+                            tokenizer=self.tokenizer, warmup=self.warmup, request_timeout_s=request_timeout_s)
+
+    def _workload(self) -> "WorkloadSpec":
+        """The workload file, or random lengths, with the load options on top; a bad one named."""
+        from servetune.workload import WorkloadSpec, load_workload
+
+        spec = (load_workload(self.workload) if self.workload
+                else WorkloadSpec.random(self.input_len, self.output_len, self.num_prompts or 1000))
+        for name, (field, option) in _BENCH_LOAD.items():
+            if (value := getattr(self, field)) is not None:
+                with about(option):
+                    spec = WorkloadSpec.model_validate(spec.model_dump() | {name: value})
+        return spec
+
+    def _goodput_slo(self) -> dict[str, float]:
+        from servetune.metrics import GOODPUT_METRICS
+
+        slo = pairs(self.goodput, "--goodput")
+        for name, bound in slo.items():
+            if name not in GOODPUT_METRICS:
+                raise UsageError(f"--goodput: unknown metric {name!r}; use {', '.join(GOODPUT_METRICS)}")
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+                raise UsageError(f"--goodput: {name}={bound} is not a positive number of ms")
+        return {k: float(v) for k, v in slo.items()}
+
+
+# the workload's fields the bench options set: (field, option)
+_BENCH_LOAD = {"num_requests": ("num_prompts", "--num-prompts"), "request_rate": ("request_rate", "--request-rate"),
+               "burstiness": ("burstiness", "--burstiness"),
+               "max_concurrency": ("max_concurrency", "--max-concurrency"), "endpoint": ("endpoint", "--endpoint"),
+               "seed": ("seed", "--seed")}
+
+
+class TuneArgs(_Args):
+    """`servetune tune`: search vLLM configs for the most goodput under SLOs (or throughput), measured on the real
+    engine."""
+
+    model: Annotated[str, Option(help="Model path (or name) to serve.")]
+    workload: Annotated[Path, Option(help="Workload YAML file.")]
+    out: Annotated[Path, Option(help="Output directory.")]
+    slo: Slo = []
+    objective: Annotated[str, Option(help="goodput (highest rate within SLOs) or throughput (at rate inf).")] = "goodput"
+    strategy: Annotated[str, Option(help=strategy_help())] = "optuna"
+    budget: Annotated[int, Option(min=1, help="Servers to launch, vLLM's defaults included.")] = 6
+    study: Annotated[Optional[str], Option(
+        help="Optuna storage URL, e.g. postgresql+psycopg://user@host/db; default sqlite in OUT.")] = None
+    resume: Annotated[bool, Option(help="Continue the study in OUT (or --study).")] = False
+    engine_arg: EngineArg = []
+    reference_config: Annotated[list[Path], Option(
+        help="A vLLM config YAML to measure as it is, beside the search (repeatable).")] = []
+    knob: Annotated[list[str], Option(help=f"An optional knob to search too (repeatable): {optional_help()}.")] = []
+    tokenizer: Annotated[Optional[str], Option()] = None
+    level_requests: Annotated[int, Option(
+        min=1, help="Most requests a load level sends: a level stops as soon as its verdict is decided.")] = 600
+    min_level_requests: Annotated[int, Option(min=1, help="Fewest requests a level's verdict rests on.")] = 40
+    max_levels: Annotated[int, Option(min=0, help="Most load levels per trial in the rate search.")] = 6
+    confidence: Annotated[float, Option(
+        min=0.5, max=0.999, help="Confidence of each level's pass and fail verdicts.")] = 0.95
+    time_limit: Annotated[Optional[str], Option(
+        help="Wall-clock budget of the whole tune, launches and head-to-head included, e.g. 25m, 1h30m: "
+             "servetune launches only what still fits and stops there with its best answer.")] = None
+    seed: Annotated[int, Option(min=0, max=2**32 - 1)] = 0
+    parallel: Annotated[Optional[int], Option(
+        min=1, help="Trials at once: on this host, each on its own GPUs (CPU: its own cores); "
+                    "with --ray-address, at most this many (default: one per GPU of the cluster).")] = None
+    ray_address: Annotated[Optional[str], Option(
+        help="Run trials as Ray tasks on this cluster (e.g. 10.0.0.1:6379); every node needs servetune, vLLM "
+             "and the model at the same path.")] = None
+    confirm: Annotated[bool, Option(
+        help="After the search, launch vLLM's defaults again at the pick's goodput rate (the head-to-head) "
+             "before recommending it over them (--no-confirm: recommend the search's result as it is).")] = True
+    request_timeout: RequestTimeout = None
+    min_model_len: Annotated[Optional[int], Option(
+        min=1, help="Configs launch with the model's own context; where servetune tightens max-model-len (no "
+                    "chunked prefill, a KV cache too small for the context), never below this many tokens.")] = None
+
+    def resolve(self) -> "TuneOptions":
+        """Every option checked: the model directory, workload file, `key=value` SLOs and engine args, reference
+        config files, strategy, objective, the time limit and the levels' request timeout."""
+        from servetune.search.strategies import REGISTRY
+        from servetune.slo import parse_slo
+        from servetune.trial import LevelOptions
+        from servetune.tune import TuneOptions
+        from servetune.workload import load_workload
+
+        if self.strategy not in REGISTRY:
+            raise UsageError(f"--strategy: unknown strategy {self.strategy!r}; choose from {', '.join(REGISTRY)}")
+        if self.objective not in ("goodput", "throughput"):
+            raise UsageError(f"--objective: unknown objective {self.objective!r}; use goodput or throughput")
+        slo_pairs = pairs(self.slo, "--slo")
+        with about("--slo"):
+            slos = parse_slo(slo_pairs)
+        time_limit_s = self._time_limit_s()
+        levels = LevelOptions(requests=self.level_requests, min_requests=self.min_level_requests,
+                              max_levels=self.max_levels, confidence=self.confidence,
+                              request_timeout_s=self.request_timeout)
+        opts = TuneOptions(
+            model=local_model(self.model), workload=load_workload(self.workload), out=self.out, slo=slos,
+            objective=self.objective, strategy=self.strategy, budget=self.budget, storage=self.study,
+            resume=self.resume, engine_args=pairs(self.engine_arg, "--engine-arg"),
+            references=[read_config_yaml(path) for path in self.reference_config], optional_knobs=tuple(self.knob),
+            tokenizer=self.tokenizer, levels=levels, seed=self.seed, parallel=self.parallel,
+            ray_address=self.ray_address, confirm=self.confirm, time_limit_s=time_limit_s,
+            min_model_len=self.min_model_len)
+        check_timeout(opts.levels.request_timeout_s)
+        return opts
+
+    def _time_limit_s(self) -> float | None:
+        from servetune.timelimit import parse_duration
+
+        if self.time_limit is None:
+            return None
+        try:
+            return parse_duration(self.time_limit)
+        except ValueError as e:
+            raise UsageError(f"--time-limit: {e}") from None
+
+
+DEMO_WORKLOAD = Path(__file__).parent / "demo_workload.yaml"
+DEMO_SLO = ["itl_p99_ms=40"]
+
+
+class DemoArgs(_Args):
+    """`servetune demo`: build the tiny model and tune it on this machine: a small budget within a time limit, each
+    level decided at 95% confidence, then the head-to-head of the pick against vLLM's defaults."""
+
+    out: Annotated[Path, Option(help="Output directory.")] = Path("out/demo")
+    budget: Annotated[int, Option(min=1)] = 3
+    time_limit: Annotated[str, Option(help="Wall-clock budget of the tune (see `tune --time-limit`).")] = "9m"
+    resume: Annotated[bool, Option()] = False
+
+    def tune(self, model: Path) -> TuneArgs:
+        """The tune of the tiny model written to `model`."""
+        return TuneArgs(model=str(model.resolve()), workload=DEMO_WORKLOAD, out=self.out, slo=DEMO_SLO,
+                        strategy="optuna", budget=self.budget, resume=self.resume, seed=0, time_limit=self.time_limit,
+                        level_requests=400, max_levels=4)
+
+
+class ReportArgs(_Args):
+    """`servetune report`: write the HTML report (Pareto front, load curves, parameter effects, every trial) of a
+    study."""
+
+    out: Annotated[Path, Option(help="Directory to write report.html, charts and exports into.")]
+    study: Annotated[Optional[str], Option(help="Optuna storage URL; default: the sqlite study in OUT.")] = None
+
+    def resolve(self) -> str:
+        """The study's storage URL, once `out` is known to be writable."""
+        from servetune.study import default_storage
+
+        try:
+            check_writable(self.out / "report.html")
+        except OSError as e:
+            raise UsageError(f"--out: cannot write into {self.out}: {e.strerror or e}") from None
+        return self.study or default_storage(self.out)
+
+
+class MemoryArgs(_Args):
+    """`servetune memory`: predict, without launching, whether a config fits and how many KV-cache tokens it gets."""
+
+    model: Annotated[str, Option(help="Model directory or its config.json.")]
+    device_memory_gib: Annotated[float, Option(help="Device memory (GiB); on CPU, the machine's RAM.")]
+    gpu_memory_utilization: Annotated[Optional[float], Option()] = None
+    max_model_len: Annotated[Optional[int], Option()] = None
+    max_num_batched_tokens: Annotated[Optional[int], Option()] = None
+    max_num_seqs: Annotated[Optional[int], Option()] = None
+    enforce_eager: Annotated[bool, Option("--enforce-eager")] = False
+    cpu_kvcache_space_gib: Annotated[Optional[float], Option(help="CPU: the KV cache size (GiB).")] = None
+    device_name: Annotated[str, Option(help="GPU name, e.g. H200 (vLLM's defaults depend on it).")] = ""
+    as_json: Annotated[bool, Option("--json", help="Print JSON.")] = False
+
+    def engine_args(self) -> dict[str, Any]:
+        """The config to predict (None: vLLM's default)."""
+        return {"gpu_memory_utilization": self.gpu_memory_utilization, "max_model_len": self.max_model_len,
+                "max_num_batched_tokens": self.max_num_batched_tokens, "max_num_seqs": self.max_num_seqs,
+                "enforce_eager": self.enforce_eager or None, "cpu_kvcache_space_gib": self.cpu_kvcache_space_gib}
+
+
+class VerifyArgs(_Args):
+    """`servetune verify`: measure a config at a rate with servetune's client and with vLLM's `vllm bench serve` on
+    the same prompts, and print both side by side with the SLO verdicts."""
+
+    out: Annotated[Optional[Path], Option(
+        help="A tune's output directory: its model, best config, SLOs, workload and recommended rate, unless "
+             "given below.")] = None
+    config: Annotated[Optional[Path], Option(help="A `vllm serve --config` YAML, e.g. a tune's best.yaml.")] = None
+    model: Annotated[Optional[str], Option(help="Model path (or name) to serve.")] = None
+    workload: Annotated[Optional[Path], Option(help="Workload YAML file: the prompts' lengths, burstiness, "
+                                                    "max_concurrency, endpoint.")] = None
+    rate: Annotated[Optional[float], Option(help="Request rate (req/s).")] = None
+    slo: Slo = []
+    num_prompts: Annotated[int, Option(
+        min=1, help="Requests each client sends; servetune's statistical test of a TTFT, TPOT or E2EL p99 "
+                    "needs 299 after the level fills up to pass at 95%.")] = 400
+    json_out: Annotated[Optional[Path], Option(
+        "--json", help="Write both clients' numbers here; beside it the prompts, records, logs (default with "
+                       "--out: OUT/verify.json).")] = None
+
+    def resolve(self) -> tuple["VerifyPlan", Path]:
+        """The plan and the JSON path, with what is not given taken from the tune in `out`; each value checked
+        and named in the one line a bad or missing one gives."""
+        from servetune.slo import parse_slo
+        from servetune.verify import VerifyPlan, read_tune
+        from servetune.workload import WorkloadSpec, load_workload
+
+        with about("--out"):
+            tuned = read_tune(self.out) if self.out is not None else None
+        needed = {"--config": self.config, "--model": self.model, "--workload": self.workload, "--rate": self.rate,
+                  "--json": self.json_out}
+        if tuned is None and (missing := [name for name, value in needed.items() if value is None]):
+            raise UsageError(f"{', '.join(missing)}: needed without --out TUNE_DIR")
+        if self.rate is None and tuned.rate is None:
+            raise UsageError(f"--rate: needed: the tune in {self.out} recommends no rate")
+        with about("--slo"):
+            slos = parse_slo(pairs(self.slo, "--slo")) if self.slo else tuned.slo if tuned else {}
+        with about("--config"):
+            engine_args = read_config_yaml(self.config) if self.config is not None else tuned.config
+        model = local_model(self.model) if self.model is not None else tuned.model
+        spec = load_workload(self.workload) if self.workload is not None else tuned.workload
+        rate = self.rate if self.rate is not None else tuned.rate
+        with about("--rate"):
+            spec = WorkloadSpec.model_validate(spec.model_dump() | {"request_rate": rate,
+                                                                    "num_requests": self.num_prompts})
+        with about("--workload" if self.workload is not None else "--out"):
+            plan = VerifyPlan(model=model, config=engine_args, workload=spec, slo=slos)
+        json_out = self.json_out or self.out / "verify.json"
+        writable(json_out, "--json")
+        return plan, json_out
+
+
+class ModelTinyArgs(_Args):
+    """`servetune model tiny`: write the embedded tiny Llama (random weights, fixed seed, own tokenizer): same bytes
+    every time."""
+
+    out: Annotated[Path, Option(help="Directory to write the model into.")]
+
+
+@contextmanager
+def about(option: str) -> Iterator[None]:
+    """Name `option` in the one line a bad value of it raises (a ServetuneError, or pydantic's
+    ValidationError from checking it)."""
+    from pydantic import ValidationError
+
+    try:
+        yield
+    except ValidationError as e:
+        raise UsageError(f"{option}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    except ServetuneError as e:
+        raise UsageError(f"{option}: {e}") from None
+
+
+def pairs(values: Sequence[str], option: str) -> dict[str, Any]:
+    """`key=value` strings of a repeatable option as a dict; a bad one is reported naming `option`."""
+    from servetune.engine.args import parse_pairs
+
+    with about(option):
+        return parse_pairs(list(values))
+
+
+def check_timeout(request_timeout: float | None) -> float | None:
+    if request_timeout is not None and not request_timeout > 0:
+        raise UsageError(f"--request-timeout: {request_timeout:g} is not a positive number of seconds")
+    return request_timeout
+
+
+def writable(path: Path, option: str) -> None:
+    """UsageError naming `option` unless a file can be written at `path`."""
+    try:
+        check_writable(path)
+    except OSError as e:
+        raise UsageError(f"{option}: cannot write {path}: {e.strerror or e}") from None
+
+
+def local_model(model: str) -> str:
+    """A model directory on this machine as an absolute path (servers start in /); a hub name as given. A
+    name that can only be a path (/..., ./..., ../..., ~/...) must be a directory."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    if model.startswith(("/", "./", "../", "~")):
+        raise UsageError(f"--model: {model}: no such model directory")
+    return model
+
+
+def read_config_yaml(path: Path) -> dict[str, Any]:
+    """Engine args from a `vllm serve --config` YAML file (its `model` key is ignored)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(f"{path}: cannot read the config: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a vLLM config file is a mapping of flag names to values")
+    return {k.replace("-", "_"): v for k, v in data.items() if k != "model"}

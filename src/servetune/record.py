@@ -1,0 +1,351 @@
+"""The study record: what servetune keeps in an Optuna study beside Optuna's own facts (state, params, value), typed
+and versioned; this module is its one reader and writer, through Optuna's public API only.
+
+- A trial's record (`TrialRecord`, the trial's user attributes): its role and why it was proposed, the knob values
+  it planned, the config it asked for, why it was skipped or interrupted, its outcome and its constraints.
+- The study's record (`StudyRecord`, the study's user attributes): what defines it (`StudyMeta`), the tune's
+  progress (`Progress`), the head-to-head (`HeadToHead`), the memory model's calibration, and the trials that were
+  interrupted and queued again.
+
+Versions (`RECORD_VERSION`, kept in the study): 1, written before the record was versioned, kept a trial's
+`interrupted` among its own attributes (which only Optuna's private API can set on a running trial); 2 keeps it in
+the study's record. Both read the same; a study written by a newer servetune is refused.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_serializer
+
+from servetune.errors import StudyError
+from servetune.memory import Calibration
+from servetune.outcome import TrialOutcome
+from servetune.verdict import SloTest
+
+RECORD_VERSION = 2  # 2: a trial's `interrupted` in the study's record (`StudyRecord.requeue`); the version kept
+
+_VERSION, _META, _PROGRESS, _CONFIRMATION, _CALIBRATION, _INTERRUPTED = (
+    "record_version", "meta", "progress", "confirmation", "calibration", "interrupted")
+
+
+class _Stored(BaseModel):
+    """A record as Optuna keeps it (JSON): read back, it dumps (`stored`) the keys it was stored with, in their
+    order, unknown ones included (a record of an older servetune keeps what this one does not know)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    _keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @classmethod
+    def read(cls, stored: Mapping[str, Any]) -> Self:
+        """The record as stored, validated; `stored` gives back its keys in their stored order."""
+        model = cls.model_validate(stored)
+        model._keys = tuple(stored)
+        return model
+
+    def __eq__(self, other: object) -> bool:  # the stored key order is not part of the value
+        return (type(self) is type(other) and self.__dict__ == other.__dict__
+                and self.__pydantic_extra__ == other.__pydantic_extra__)
+
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler) -> dict[str, Any]:
+        """The fields set (in the order read, else declared) and unknown ones: a record dumps as it is stored."""
+        data = handler(self)
+        given = [*self.model_fields_set, *(self.model_extra or {})]
+        keys = [k for k in self._keys if k in given] + [k for k in type(self).model_fields if k in given
+                                                       and k not in self._keys]
+        return {k: data[k] for k in keys + [k for k in given if k not in keys] if k in data}
+
+    def stored(self) -> dict[str, Any]:
+        """The record as Optuna keeps it (JSON): an outcome's enums as text, inf as a float."""
+        return self.model_dump(mode="python")
+
+
+class TrialRecord(_Stored):
+    """A trial's record. A field left out was never written (a trial TPE proposed has no role, planned or why)."""
+
+    role: str = "search"  # default, reference-N, anchor, ladder, seed; TPE's own proposals: search
+    planned: dict[str, Any] | None = None  # the knob values a queued trial planned (`strategies.suggest`)
+    why: str | None = None  # why it was proposed
+    ladder: str | None = None  # the seed procedure's ladder it is a step of
+    reference: dict[str, Any] | None = None  # a --reference-config, measured as given
+    config_requested: dict[str, Any] | None = None  # the config it asked to launch
+    model_len_reason: str | None = None  # why its max-model-len is below the model's context
+    skipped: str | None = None  # why it was not launched
+    outcome: TrialOutcome | None = None  # what it measured (`TrialOutcome.read`: migrated, validated)
+    constraints: list[float] | None = None  # Optuna constraints (<= 0 feasible): each SLO's p99 over its bound
+    interrupted: str | None = None  # version 1 only; see `StudyRecord.interrupted`
+
+    @field_validator("outcome", mode="before")
+    @classmethod
+    def _read_outcome(cls, value: Any) -> Any:
+        return TrialOutcome.read(value) if isinstance(value, Mapping) else value
+
+
+def read_trial(trial: FrozenTrial | optuna.Trial) -> TrialRecord:
+    """A trial's record, validated; StudyError, naming the trial, for one this servetune cannot read."""
+    try:
+        return TrialRecord.model_validate(trial.user_attrs)
+    except ValueError as e:  # pydantic's ValidationError, or an outcome of a newer schema
+        raise StudyError(f"trial {trial.number}'s record cannot be read: {_first_error(e)}") from None
+
+
+def _first_error(e: ValueError) -> str:
+    if isinstance(e, ValidationError):
+        error = e.errors()[0]
+        return f"{'.'.join(map(str, error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
+    return str(e).splitlines()[0]
+
+
+def write_trial(trial: optuna.Trial, **values: Any) -> None:
+    """Write fields of a running trial's record (`TrialRecord`'s names; each value checked)."""
+    unknown = set(values) - set(TrialRecord.model_fields)
+    if unknown:
+        raise TypeError(f"not fields of a trial's record: {', '.join(sorted(unknown))}")
+    for name, value in TrialRecord.model_validate(values).stored().items():
+        trial.set_user_attr(name, value)
+
+
+def constraints_of(trial: FrozenTrial) -> list[float]:
+    """A trial's Optuna constraints (what a constrained sampler reads); none written: feasible."""
+    return read_trial(trial).constraints or [0.0]
+
+
+@dataclass(frozen=True)
+class RecordedTrial:
+    """A trial: Optuna's facts and servetune's record."""
+
+    number: int
+    state: TrialState
+    params: dict[str, Any]
+    value: float | None
+    record: TrialRecord
+
+    @property
+    def outcome(self) -> TrialOutcome | None:
+        return self.record.outcome
+
+    @property
+    def measured(self) -> bool:
+        """Whether it launched a server (completed or failed); not a skipped or interrupted one."""
+        return self.state in (TrialState.COMPLETE, TrialState.PRUNED) and self.outcome is not None
+
+    @property
+    def objective_value(self) -> float | None:
+        """The value told to the study (None unless COMPLETE)."""
+        return self.value if self.state == TrialState.COMPLETE else None
+
+
+class StudyMeta(_Stored):
+    """What defines a study (a resumed one must match it: `study.DEFINING`) and what it ran with. Studies made by
+    an older servetune lack some fields (None)."""
+
+    model: str
+    workload: dict[str, Any]  # the WorkloadSpec as JSON
+    slo: dict[str, int | float]  # as given (an int stays one)
+    objective: str
+    strategy: str
+    budget: int | None = None
+    space: dict[str, Any]  # `SearchSpace.to_dict`
+    model_len: dict[str, Any] | None = None  # `workload.fit.ModelLenBounds`
+    user_engine_args: dict[str, Any] | None = None
+    servetune_version: str | None = None
+    vllm_version: str
+    device: str
+    out: str
+    levels: dict[str, Any] | None = None  # `trial.LevelOptions`; None: made before statistical verdicts
+    seed: int | None = None
+    references: list[dict[str, Any]] | None = None
+    optional_knobs: list[str] | None = None
+    tokenizer: str | None = None
+    confirm: bool | None = None
+    min_model_len: int | None = None
+
+    @property
+    def rate_unit(self) -> str:
+        """What the study's rates count: req/s, or for a trace its speed-up factor (`WorkloadSpec.rate_unit`)."""
+        return "x trace speed" if self.workload.get("trace") else "req/s"
+
+    @property
+    def confidence(self) -> float | None:
+        """Of each level's verdict; None for a study made before verdicts were statistical."""
+        return (self.levels or {}).get("confidence")
+
+    @property
+    def knobs(self) -> dict[str, list]:
+        """The searched knobs and their values."""
+        return self.space["knobs"]
+
+    @property
+    def context(self) -> int:
+        """The model's context (0: unknown)."""
+        return (self.model_len or {}).get("context") or self.space.get("context") or 0
+
+    @property
+    def max_chars_per_token(self) -> int:
+        return (self.model_len or {}).get("max_chars_per_token") or 0
+
+
+class Progress(_Stored):
+    """Where the tune stands: running, interrupted, time-limit or complete; what it left undone."""
+
+    state: str = "complete"
+    not_done: list[str] = []
+    time_limit_s: float | None = None
+    elapsed_s: float | None = None
+
+
+class LevelRecord(_Stored):
+    """A level that decided the head-to-head: its rate, verdict and tests, each SLO's point p99. The pick's carries
+    its trial; a pick without its deciding level (not found) only its trial and rate."""
+
+    trial: int | None = None
+    rate: float
+    verdict: str | None = None
+    reasons: list[str] | None = None
+    requests: int | None = None
+    tests: list[SloTest] | None = None
+    p99: dict[str, float] | None = None
+
+
+class HeadToHead(_Stored):
+    """The head-to-head (`confirm.decide`): the pick's deciding level, the defaults' level at the pick's rate, the
+    verdict (confirmed, not confirmed, undecided, not run, defaults), why, and the recommendation. `search_trials`:
+    how many trials were measured when it was decided (a resume that measured nothing new keeps it). A study made
+    before the head-to-head keeps its pooled confirmation as stored (method None, its own fields kept)."""
+
+    method: str | None = None
+    pick: LevelRecord | None = None
+    head_to_head: LevelRecord | None = None
+    verdict: str
+    recommended_trial: int
+    recommended_goodput_rate: float | None
+    default_goodput_rate: float | None
+    reason: str
+    search_trials: int | None = None
+
+    @property
+    def confirmed(self) -> bool:
+        return self.verdict == "confirmed"
+
+
+class StudyRecord:
+    """The record of an Optuna study that servetune tunes; StudyError for one a newer servetune wrote."""
+
+    def __init__(self, study: optuna.Study):
+        self.study = study
+        version = study.user_attrs.get(_VERSION, 1)
+        if not isinstance(version, int) or version > RECORD_VERSION:
+            raise StudyError(f"the study was written by a newer servetune (its record version is {version}, this "
+                             f"servetune reads up to {RECORD_VERSION}): use that servetune")
+
+    # -- the study's own record --------------------------------------------------------------------------------
+
+    def start(self, meta: StudyMeta) -> None:
+        """A new study: its meta and the record's version."""
+        self.study.set_user_attr(_VERSION, RECORD_VERSION)
+        self.study.set_user_attr(_META, meta.stored())
+
+    def continued(self) -> None:
+        """A resumed study: written from now on in this version's layout (which reads the older one too)."""
+        self.study.set_user_attr(_VERSION, RECORD_VERSION)
+
+    @property
+    def has_meta(self) -> bool:
+        return _META in self.study.user_attrs
+
+    @property
+    def stored_meta(self) -> dict[str, Any]:
+        """The meta as stored (trials.json; a resume compares it with the options given now); {} for none."""
+        return dict(self.study.user_attrs.get(_META) or {})
+
+    @property
+    def meta(self) -> StudyMeta:
+        try:
+            return StudyMeta.read(self.study.user_attrs[_META])
+        except KeyError:
+            raise StudyError("the study was not written by servetune tune (no meta)") from None
+        except ValidationError as e:
+            raise StudyError(f"the study's meta cannot be read: {_first_error(e)}") from None
+
+    @property
+    def progress(self) -> Progress:
+        return Progress.read(self.study.user_attrs.get(_PROGRESS) or {})
+
+    def write_progress(self, progress: Progress) -> None:
+        self.study.set_user_attr(_PROGRESS, progress.stored())
+
+    @property
+    def confirmation(self) -> HeadToHead | None:
+        stored = self.study.user_attrs.get(_CONFIRMATION)
+        try:
+            return None if stored is None else HeadToHead.read(stored)
+        except ValidationError as e:
+            raise StudyError(f"the study's head-to-head cannot be read: {_first_error(e)}") from None
+
+    def write_confirmation(self, record: HeadToHead) -> None:
+        self.study.set_user_attr(_CONFIRMATION, record.stored())
+
+    def write_calibration(self, calibration: Calibration) -> None:
+        self.study.set_user_attr(_CALIBRATION, calibration.model_dump())
+
+    @property
+    def interrupted(self) -> dict[int, str]:
+        """Why each interrupted trial did not finish, by number (version 1: each trial's own attribute too)."""
+        found = {t.number: why for t in self.study.get_trials(deepcopy=False)
+                 if isinstance(why := t.user_attrs.get(_INTERRUPTED), str)}
+        return found | {int(n): why for n, why in (self.study.user_attrs.get(_INTERRUPTED) or {}).items()}
+
+    # -- trials ------------------------------------------------------------------------------------------------
+
+    def trials(self, states: Iterable[TrialState] | None = None) -> list[RecordedTrial]:
+        """The study's trials (those in `states`), in order, each with its record."""
+        interrupted = self.study.user_attrs.get(_INTERRUPTED) or {}
+        found = self.study.get_trials(deepcopy=False, states=tuple(states) if states is not None else None)
+        return [self._recorded(t, interrupted.get(str(t.number))) for t in found]
+
+    @staticmethod
+    def _recorded(t: FrozenTrial, interrupted: str | None = None) -> RecordedTrial:
+        record = read_trial(t)
+        if interrupted is not None:
+            record = record.model_copy(update={"interrupted": interrupted})
+        return RecordedTrial(t.number, t.state, dict(t.params), t.value, record)
+
+    def trial(self, number: int) -> RecordedTrial:
+        return self.trials()[number]
+
+    def measured(self) -> list[RecordedTrial]:
+        """Trials that launched a server (completed or failed), in order; not skipped or interrupted ones."""
+        return [t for t in self.trials((TrialState.COMPLETE, TrialState.PRUNED)) if t.outcome is not None]
+
+    def launches(self) -> list[TrialOutcome]:
+        """The outcome of every trial that launched a server, interrupted ones included."""
+        return [t.outcome for t in self.trials() if t.outcome is not None]
+
+    def enqueue(self, params: dict[str, Any], record: TrialRecord) -> None:
+        """Queue a config (`params`: its knob values) with its record; the next `ask` takes it."""
+        self.study.enqueue_trial(params, user_attrs=record.stored(), skip_if_exists=False)
+
+    def requeue(self, trial: RecordedTrial, why: str) -> None:
+        """Mark a trial that never finished FAIL (interrupted: `why`) and queue its params again, with the same
+        role, ladder, reference, why and planned knobs."""
+        interrupted = dict(self.study.user_attrs.get(_INTERRUPTED) or {})
+        self.study.set_user_attr(_INTERRUPTED, interrupted | {str(trial.number): why})
+        self.study.tell(trial.number, state=TrialState.FAIL)
+        kept = trial.record.model_dump(include={"role", "ladder", "reference", "why"})
+        planned = trial.record.planned if trial.record.planned is not None else trial.params
+        self.enqueue(trial.params, TrialRecord.model_validate(kept | {"planned": planned}))
+
+    def exported(self) -> list[dict[str, Any]]:
+        """Every trial as trials.json has it: number, state, params, value and its whole record as stored (a
+        version 2 `interrupted` among its own, in the order Optuna's SQL storage returns them: by name)."""
+        interrupted = {str(n): why for n, why in self.interrupted.items()}
+        trials = []
+        for t in self.study.get_trials(deepcopy=False):
+            attrs = dict(t.user_attrs) | ({_INTERRUPTED: interrupted[str(t.number)]}
+                                          if str(t.number) in interrupted else {})
+            trials.append({"trial": t.number, "state": t.state.name, "params": t.params, "value": t.value,
+                           **dict(sorted(attrs.items()))})
+        return trials

@@ -1,0 +1,68 @@
+"""The metric vocabulary: every latency servetune bounds, named once. Each has an SLO key (`--slo ttft_p99_ms=...`),
+the level metric it bounds (`p99_ttft_ms`, `vllm bench serve`'s field name in `LevelMetrics`), a label, and what a
+level's statistical test counts (a request's value, or for ITL every inter-token gap); and a study's rates have a
+unit: req/s, or for a trace replay its speed-up factor."""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from servetune.errors import ServetuneError
+from servetune.loadgen.records import RequestRecord
+from servetune.metrics import LevelMetrics, e2el_ms, tpot_ms, ttft_ms
+
+REQUESTS_PER_S = "req/s"
+TRACE_SPEED = "x trace speed"  # a trace's rates are speed-up factors (1: as recorded)
+
+
+@dataclass(frozen=True)
+class Latency:
+    """A latency servetune bounds at its p99."""
+
+    slo: str  # the SLO's key, e.g. ttft_p99_ms
+    p99_field: str  # the level metric it bounds, e.g. p99_ttft_ms
+    mean_field: str
+    label: str  # e.g. TTFT
+    per_request: Callable[[RequestRecord], float | None] | None  # a request's value (ms); None: ITL counts gaps
+    prefill_bound: bool  # a prefill step stalls it: chunked prefill decides it (the search's chunk ladder)
+
+    @property
+    def counts(self) -> str:
+        """What the statistical test counts over the bound."""
+        return "requests" if self.per_request is not None else "gaps"
+
+    def p99(self, metrics: LevelMetrics) -> float:
+        """The level's p99 of this latency (ms)."""
+        return getattr(metrics, self.p99_field)
+
+    def mean(self, metrics: LevelMetrics) -> float:
+        return getattr(metrics, self.mean_field)
+
+
+TTFT = Latency("ttft_p99_ms", "p99_ttft_ms", "mean_ttft_ms", "TTFT", ttft_ms, prefill_bound=False)
+TPOT = Latency("tpot_p99_ms", "p99_tpot_ms", "mean_tpot_ms", "TPOT", tpot_ms, prefill_bound=True)
+ITL = Latency("itl_p99_ms", "p99_itl_ms", "mean_itl_ms", "ITL", None, prefill_bound=True)
+E2EL = Latency("e2el_p99_ms", "p99_e2el_ms", "mean_e2el_ms", "E2EL", e2el_ms, prefill_bound=False)
+LATENCIES = (TTFT, TPOT, ITL, E2EL)
+_BY_SLO = {latency.slo: latency for latency in LATENCIES}
+
+
+def latency(slo: str) -> Latency:
+    """The latency an SLO key bounds (KeyError for an unknown one: `parse_slo` checks the user's)."""
+    return _BY_SLO[slo]
+
+
+def parse_slo(slo: Mapping[str, Any]) -> dict[str, float]:
+    """Validate SLO names and values: {'ttft_p99_ms': 1000.0, ...}."""
+    unknown = sorted(set(slo) - set(_BY_SLO))
+    if unknown:
+        raise ServetuneError(f"unknown SLO {', '.join(unknown)}; use {', '.join(_BY_SLO)}")
+    bad = [k for k, v in slo.items() if not (isinstance(v, (int, float)) and v > 0)]
+    if bad:
+        raise ServetuneError(f"SLO {', '.join(bad)} must be a positive number of ms")
+    return {k: float(v) for k, v in slo.items()}
+
+
+def rate_unit(workload: Mapping[str, Any]) -> str:
+    """What the rates of a workload (a `WorkloadSpec` as JSON) count: req/s, or for a trace its speed-up factor."""
+    return TRACE_SPEED if workload.get("trace") else REQUESTS_PER_S

@@ -1,0 +1,74 @@
+"""Each command's options are one model (`servetune.options`): the CLI's command line is built from it, its values are
+checked into what the command runs, and no function takes a long list of parameters instead."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from servetune.cli import app
+from servetune.options import BenchArgs, DemoArgs, TuneArgs, UsageError
+from servetune.trial import LevelOptions
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "servetune"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_the_command_line_is_the_models_fields():
+    command = typer.main.get_command(app).commands["bench"]
+    flags = {name for param in command.params for name in param.opts}
+    assert {"--json", "--model", "--base-url", "--engine-arg", "--request-timeout", "--goodput"} <= flags
+    assert {param.name for param in command.params} == set(BenchArgs.model_fields)
+    tune = typer.main.get_command(app).commands["tune"]
+    assert {param.name for param in tune.params} == set(TuneArgs.model_fields)
+    assert "TPE" in next(p.help for p in tune.params if p.name == "strategy")  # from the strategies' registry
+
+
+def test_tune_options_from_the_models_values(tiny_model, tmp_path):
+    args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path, slo=["tpot_p99_ms=25"],
+                    engine_arg=["max-num-seqs=8"], level_requests=300, time_limit="25m")
+    opts = args.resolve()
+    assert opts.slo == {"tpot_p99_ms": 25.0} and opts.engine_args == {"max_num_seqs": 8}
+    assert opts.levels == LevelOptions(requests=300) and opts.time_limit_s == 1500 and opts.storage is None
+    with pytest.raises(UsageError, match="--time-limit: "):
+        args.model_copy(update={"time_limit": "soon"}).resolve()
+    with pytest.raises(UsageError, match="--strategy: unknown strategy 'annealing'; choose from optuna, grid, seed"):
+        args.model_copy(update={"strategy": "annealing"}).resolve()
+    with pytest.raises(UsageError, match="--request-timeout: 0 is not a positive number"):
+        args.model_copy(update={"request_timeout": 0.0}).resolve()
+
+
+def test_the_demo_is_a_tune_with_its_own_values(tiny_model, tmp_path):
+    opts = DemoArgs(out=tmp_path, budget=2).tune(tiny_model).resolve()
+    assert opts.slo == {"itl_p99_ms": 40.0} and opts.strategy == "optuna" and opts.budget == 2
+    assert opts.levels == LevelOptions(requests=400, max_levels=4) and opts.time_limit_s == 540
+
+
+def test_bench_options_name_the_option_at_fault(tmp_path):
+    with pytest.raises(UsageError, match="give exactly one of --base-url URL"):
+        BenchArgs(json_out=tmp_path / "r.json", model="m").resolve()
+    with pytest.raises(UsageError, match="--burstiness: "):
+        BenchArgs(json_out=tmp_path / "r.json", model="m", base_url="http://x", burstiness=0).resolve()
+    opts = BenchArgs(json_out=tmp_path / "r.json", model="m", base_url="http://x", num_prompts=5, request_rate=2,
+                     goodput=["ttft_ms=500"]).resolve()
+    assert (opts.workload.num_requests, opts.workload.request_rate, opts.goodput_slo) == (5, 2.0, {"ttft_ms": 500.0})
+
+
+def test_a_lost_option_fails_in_one_line():
+    result = CliRunner().invoke(app, ["tune", "--model", "m", "--out", "o"])
+    assert result.exit_code == 2 and "--workload" in result.output
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """Where many values travel together they are a model (options, `LoadShape`, `TrialPlan`)."""
+    long = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs) if x.arg not in ("self", "cls")]
+                if len(names) > 8:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({len(names)})")
+    assert long == []
