@@ -102,6 +102,14 @@ def test_no_import_circles_in_servetune():
     assert not found, "import circles in src/servetune:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+def test_only_servetune_testing_imports_servetune_testing():
+    """It imports pytest, which servetune does not depend on."""
+    graph = import_graph()
+    assert "servetune.testing.executors" in graph
+    assert [m for m, edges in graph.items() if not m.startswith("servetune.testing")
+            and any(e.startswith("servetune.testing") for e in edges)] == []
+
+
 def test_the_cli_tuner_and_report_import_neither_vllm_nor_pytest():
     """vLLM is probed in a subprocess (`servetune.engine`), never imported by the tool itself; pytest is for
     `servetune.testing` only."""
@@ -112,3 +120,15 @@ def test_the_cli_tuner_and_report_import_neither_vllm_nor_pytest():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
 
+
+def test_servetune_no_vllm_hides_vllm_from_every_python_the_tests_start(tmp_path):
+    """What `make test-fast` runs under (tests/no_vllm/): with SERVETUNE_NO_VLLM=1 and that directory on
+    PYTHONPATH, a child Python cannot import vLLM (a probe, a server, a worker would fail) and logs the attempt."""
+    log = tmp_path / "attempts.log"
+    no_vllm = Path(__file__).resolve().parent / "no_vllm"
+    env = os.environ | {"SERVETUNE_NO_VLLM": "1", "SERVETUNE_NO_VLLM_LOG": str(log),
+                        "PYTHONPATH": os.pathsep.join([str(no_vllm), str(SRC)])}
+    code = "try:\n    import vllm.platforms\nexcept ImportError as e:\n    print(e)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.stdout.strip() == "No module named 'vllm' (SERVETUNE_NO_VLLM=1 hides vLLM)", out.stderr[-2000:]
+    assert log.read_text().split()[1] == "vllm"
