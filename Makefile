@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 MODEL := .cache/tiny-llama
 QUIET := { grep -v 'is ignored: it is neither' || true; }
 
-.PHONY: install demo test clean
+.PHONY: install demo test test-fast clean
 
 install: $(VENV)/.installed $(MODEL)/config.json
 
@@ -34,6 +34,12 @@ demo: install
 test: install
 	scripts/system-deps.sh $(BIN)
 	$(BIN)/pytest -q -rs
+
+# The tests without vLLM (`-m "not vllm"`: no server started, no probe), with vLLM hidden from every Python they
+# start (tests/no_vllm/), so a test that needs vLLM without the marker fails here.
+test-fast: install
+	scripts/system-deps.sh $(BIN)
+	SERVETUNE_NO_VLLM=1 $(BIN)/pytest -q -rs -m "not vllm"
 
 clean:
 	rm -rf $(VENV) .cache out

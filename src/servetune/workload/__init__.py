@@ -1,5 +1,6 @@
 """Workloads: what to send to the server (lengths, prefixes, datasets) and at what load shape."""
 
+from servetune.workload.load import load_workload
 from servetune.workload.prompts import build_requests, load_tokenizer
 from servetune.workload.request import RequestSpec
 from servetune.workload.spec import (
@@ -12,7 +13,6 @@ from servetune.workload.spec import (
     Uniform,
     WorkloadError,
     WorkloadSpec,
-    load_workload,
 )
 
 __all__ = [

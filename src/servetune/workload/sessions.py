@@ -14,7 +14,7 @@ from servetune.workload.spec import WorkloadSpec
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from servetune.workload.prompts import TextSampler
+    from servetune.workload.text import TextSampler
 
 
 def build_session_turns(

@@ -29,7 +29,7 @@ from servetune.workload.spec import TraceSpec, WorkloadError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from servetune.workload.prompts import TextSampler
+    from servetune.workload.text import TextSampler
 
 
 @dataclass(frozen=True, slots=True)

