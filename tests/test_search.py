@@ -11,7 +11,7 @@ from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
 from servetune.record import StudyRecord, TrialRecord, read_trial, write_trial
 from servetune.results import choose_best, vllm_config_yaml
-from servetune.search.objective import RateSearch, level_verdict
+from servetune.search.objective import RateSearch, keeping_up_unshown, level_verdict
 from servetune.slo import parse_slo
 from servetune.search.space import NO_CHUNK_REASON, SearchSpace, batched_tokens_ladder, build_space
 from servetune.search.strategies import SeedStrategy, make_strategy, suggest
@@ -122,6 +122,29 @@ def test_level_verdict_needs_slos_met_and_the_server_keeping_up():
     assert level_verdict(_metrics(steady_request_rate=9.0, keep_up_ratio=1.0), slo) == []
     assert level_verdict(_metrics(failed=2), slo) == ["2 requests failed"]
     assert level_verdict(_metrics(offered_request_rate=math.inf, steady_request_rate=None, keep_up_ratio=None), slo) == []
+
+
+def test_a_level_passes_only_when_its_keeping_up_is_shown():
+    """A ratio between the bounds neither fails (fell_behind) nor passes: the level is undecided."""
+    assert keeping_up_unshown(0.99, 0.01) is None and keeping_up_unshown(1.0, None) is None
+    assert keeping_up_unshown(1.02, 0.03) is None  # 97.1% at least: shown
+    assert keeping_up_unshown(0.96, 0.01) == (
+        "keeping up not shown: completed 96% of arrivals, at least 94% within noise (needs 95%)")
+    assert keeping_up_unshown(0.93, 0.04) is not None and level_verdict(_metrics(keep_up_ratio=0.93, keep_up_se=0.04),
+                                                                        {"tpot_p99_ms": 25.0}) == []
+    assert keeping_up_unshown(None, None) is None  # no steady part: fell_behind says it
+
+
+@pytest.mark.parametrize("ratio, verdict", [(0.99, "pass"), (0.96, "undecided"), (0.80, "fail")])
+def test_a_levels_verdict_waits_for_keeping_up_to_be_shown(ratio, verdict):
+    from types import SimpleNamespace
+
+    from servetune.trial import LevelStop, _level_outcome
+
+    result = SimpleNamespace(metrics=_metrics(keep_up_ratio=ratio, keep_up_se=0.01), server=None)
+    level = _level_outcome("search", 10.0, 0, result, LevelStop(None, None, None), {"tpot_p99_ms": 25.0}, "r.jsonl", 1)
+    assert level.verdict == verdict and level.passed == (verdict == "pass")
+    assert any("keeping up not shown" in reason for reason in level.reasons) == (verdict == "undecided")
 
 
 def test_with_statistical_tests_each_slo_is_judged_by_its_test_not_its_p99():

@@ -23,7 +23,7 @@ from servetune.engine.logfacts import FailureKind
 from servetune.loadgen import LoadShape, RequestRecord, Target
 from servetune.metrics import tpot_ms, ttft_ms
 from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
-from servetune.search.objective import RateSearch, level_verdict, rejected_requests
+from servetune.search.objective import RateSearch, keeping_up_unshown, level_verdict, rejected_requests
 from servetune.slo import TPOT, TTFT
 from servetune.verdict import Decision, LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec
@@ -265,8 +265,9 @@ def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelO
 def _level_outcome(name: LevelName, rate: float, seed: int, result, stop: LevelStop, slo: dict[str, float],
                    records: str, attempts: int) -> LevelOutcome:
     """A measured level with its verdict: fail on any hard reason (an SLO's test failed, errors, rejected or
-    short replies, a lagging client, saturation, falling behind), pass when every test passed, else
-    undecided (a test still open at the cap or at the time limit)."""
+    short replies, a lagging client, saturation, falling behind), pass when every test passed and the level
+    showed it keeps up, else undecided (a test still open at the cap or at the time limit, keeping up not
+    shown)."""
     short = result.metrics.errors.get("short", 0)
     if stop.test is not None:
         stop.test.finish()
@@ -277,12 +278,14 @@ def _level_outcome(name: LevelName, rate: float, seed: int, result, stop: LevelS
         hard.append("cut short: saturated")
     open_tests = [t for t in tests or [] if t.decision == Decision.UNDECIDED] + [
         name for name in slo if tests is not None and name not in {t.slo for t in tests}]
+    unshown = (keeping_up_unshown(result.metrics.keep_up_ratio, result.metrics.keep_up_se)
+               if math.isfinite(result.metrics.offered_request_rate) else None)
     if hard:
         verdict, reasons = Decision.FAIL, hard
-    elif open_tests:
+    elif open_tests or unshown:
         verdict = Decision.UNDECIDED
         reasons = [f"undecided: {t}" if isinstance(t, SloTest) else f"undecided: {t}: no request counted"
-                   for t in open_tests]
+                   for t in open_tests] + ([f"undecided: {unshown}"] if unshown else [])
         if stop.why == "time limit":
             reasons.append("stopped by the time limit")
     else:

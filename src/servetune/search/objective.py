@@ -9,7 +9,7 @@ from servetune.slo import latency
 from servetune.verdict import Decision, SloTest
 
 KEEP_UP_FRACTION = 0.95  # a level keeps up when, in its steady part, >= 95% as many requests complete as arrive
-KEEP_UP_Z = 1.645  # ... or when its shortfall is within the level's noise (one-sided 95%)
+KEEP_UP_Z = 1.645  # ... judged by the ratio's one-sided 95% bounds: fails below the upper, passes above the lower
 
 
 def rejected_requests(metrics: LevelMetrics) -> int:
@@ -61,6 +61,20 @@ def fell_behind(ratio: float | None, se: float | None) -> str | None:
     if high >= KEEP_UP_FRACTION:
         return None
     return f"fell behind: completed {100 * ratio:.0f}% of arrivals" + (f", at most {100 * high:.0f}% within noise" if se else "")
+
+
+def keeping_up_unshown(ratio: float | None, se: float | None) -> str | None:
+    """Why a level that did not fall behind (`fell_behind`) has not shown that it keeps up, or None when it has:
+    the ratio's one-sided 95% lower bound is at or above KEEP_UP_FRACTION. A level passes on evidence, as its SLO
+    tests do: a server a few percent short of its arrival rate queues without bound, and a level of a few hundred
+    requests cannot tell it from one that keeps up unless the bound says so."""
+    if ratio is None:
+        return None
+    low = ratio - KEEP_UP_Z * (se or 0.0)
+    if low >= KEEP_UP_FRACTION:
+        return None
+    return (f"keeping up not shown: completed {100 * ratio:.0f}% of arrivals, at least {100 * low:.0f}% within noise "
+            f"(needs {100 * KEEP_UP_FRACTION:.0f}%)")
 
 
 @dataclass
