@@ -71,7 +71,7 @@ def test_bench_launch_and_a_server_crash_mid_run(tiny_model, tmp_path):
     before = set(vllm_processes())
     proc = subprocess.Popen([*SERVETUNE, "bench", "--launch", "--model", str(tiny_model), "--engine-arg",
                              "max-num-seqs=8", "--input-len", "32", "--output-len", "256", "--num-prompts", "400",
-                             "--request-rate", "4", "--json", str(out)], stderr=subprocess.PIPE, text=True)
+                             "--request-rate", "40", "--json", str(out)], stderr=subprocess.PIPE, text=True)
     try:
         log = tmp_path / "crash.server.log"
         deadline = time.monotonic() + 400

@@ -16,6 +16,7 @@ import yaml
 
 from conftest import vllm_processes, word_level_tokenizer_dir
 from servetune.engine import Engine
+from servetune.record import StudyMeta
 from servetune.results import headroom
 from servetune.search.space import build_space
 from servetune.tinymodel import write_tiny_model
@@ -114,8 +115,10 @@ def test_a_config_tightened_without_chunked_prefill_serves_the_workload_and_refu
     config = space.config({"enable_chunked_prefill": False, "max_num_batched_tokens": space.max_model_len})
     mml = config["max_model_len"]
     assert mml == bounds.need < 4096
-    meta = {"model_len": bounds.model_dump(), "space": space.to_dict(), "vllm_version": "0.32.0"}
-    comment = headroom(meta, config, space.model_len_reason(config))["comment"]
+    meta = StudyMeta(model=str(model), workload=spec.model_dump(), slo={}, objective="throughput", strategy="seed",
+                     device="cpu", out=str(tmp_path), model_len=bounds.model_dump(), space=space.to_dict(),
+                     vllm_version="0.32.0")
+    comment = headroom(meta, config, space.model_len_reason(config)).comment
     assert f"or prompts over {7 * mml} characters, will be refused" in comment
     engine = Engine(str(model), config, tmp_path / "server.log")
     engine.start()

@@ -23,6 +23,7 @@ from servetune.study import STUDY_NAME
 from test_tune_e2e import WORKLOAD, tune_args
 
 pytestmark = pytest.mark.vllm
+ONE_LEVEL = ("--max-levels", "1")  # the capacity and one rate: these tests are about where trials run, not rates
 
 
 def postgres_bin() -> Path:
@@ -83,7 +84,7 @@ def workload(tmp_path_factory) -> Path:
 def sequential(tiny_model, workload, tmp_path_factory) -> dict:
     """The form of a plain one-at-a-time study with the same settings."""
     out = tmp_path_factory.mktemp("sequential") / "out"
-    run(tune_args(tiny_model, workload, out, "--budget", "2"))
+    run(tune_args(tiny_model, workload, out, "--budget", "2", *ONE_LEVEL))
     return form(out, f"sqlite:///{out / 'study.db'}")
 
 
@@ -117,7 +118,7 @@ def overlap(a: optuna.trial.FrozenTrial, b: optuna.trial.FrozenTrial) -> bool:
 def test_local_pool_runs_two_trials_at_once_and_reads_like_a_sequential_study(tiny_model, workload, sequential,
                                                                               tmp_path):
     out = tmp_path / "out"
-    run(tune_args(tiny_model, workload, out, "--budget", "2", "--parallel", "2"))
+    run(tune_args(tiny_model, workload, out, "--budget", "2", "--parallel", "2", *ONE_LEVEL))
     storage = f"sqlite:///{out / 'study.db'}"
     assert form(out, storage) == sequential
     first, second = optuna.load_study(study_name=STUDY_NAME, storage=storage).trials
@@ -131,7 +132,7 @@ def test_local_pool_runs_two_trials_at_once_and_reads_like_a_sequential_study(ti
 def test_ray_cluster_with_postgres_runs_a_killed_workers_trial_again(tiny_model, workload, sequential, postgres,
                                                                      ray_cluster, tmp_path):
     out = tmp_path / "out"
-    tuner = subprocess.Popen(tune_args(tiny_model, workload, out, "--budget", "2", "--parallel", "2",
+    tuner = subprocess.Popen(tune_args(tiny_model, workload, out, "--budget", "2", "--parallel", "2", *ONE_LEVEL,
                                        "--ray-address", ray_cluster, "--study", postgres),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # both trials' servers up at once; then kill the Ray worker running trial 1
@@ -144,7 +145,9 @@ def test_ray_cluster_with_postgres_runs_a_killed_workers_trial_again(tiny_model,
     _, err = tuner.communicate(timeout=900)
     assert tuner.returncode == 0, err[-3000:]
 
-    assert form(out, postgres) == sequential
+    shape = form(out, postgres)
+    assert shape["study"] == sorted([*sequential["study"], "interrupted"])  # the lost trial, in the study's record
+    assert shape | {"study": sequential["study"]} == sequential
     study = optuna.load_study(study_name=STUDY_NAME, storage=postgres)
     trials = StudyRecord(study).trials()
     lost = trials[1]
