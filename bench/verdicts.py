@@ -31,7 +31,7 @@ import optuna
 
 from servetune.bench import measure_level
 from servetune.engine import Engine, EngineFailed
-from servetune.loadgen import Target
+from servetune.loadgen import LoadShape, Target
 from servetune.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
 from servetune.search.objective import fell_behind
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
@@ -111,8 +111,9 @@ def measure_rate(target: Target, workload: WorkloadSpec, tokenizer, rate: float,
                 httpx.post(target.base_url + "/reset_prefix_cache", timeout=30)
             except httpx.HTTPError:
                 pass
-            run = measure_level(target, requests, request_rate=rate, burstiness=workload.burstiness,
-                                max_concurrency=workload.max_concurrency, warmup_requests=warmup, seed=k)
+            run = measure_level(target, requests, LoadShape(request_rate=rate, burstiness=workload.burstiness,
+                                                            max_concurrency=workload.max_concurrency,
+                                                            warmup_requests=warmup, seed=k))
             if not run.metrics.client_lagging:
                 break
         path = records_dir / f"rate-{rate:.4f}-run-{k}.records.jsonl"
