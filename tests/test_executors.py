@@ -150,3 +150,28 @@ def test_inline_runs_the_trial_inside_submit_with_its_progress_callbacks(monkeyp
     future = inline.submit(job(0, max_num_seqs=8))
     assert future.done() and future.result() == TrialOutcome(status=TrialStatus.OK, config={"max_num_seqs": 8})
     assert calls == [(None, {"max_num_seqs": 8}, Path("/nonexistent"), on_level, on_record)]
+
+
+def test_a_ray_cluster_that_refuses_this_machine_says_a_token_is_in_play(monkeypatch, tmp_path):
+    """Any local ray.init() since Ray 2.59 leaves ~/.ray/auth_token, which turns token authentication on: a
+    cluster started without that token refuses to be joined, and the one line says where the token is."""
+    import ray
+
+    from servetune.executors.cluster import RayCluster
+
+    def refuse(**kwargs):
+        raise ConnectionError("Could not connect to the GCS at 10.0.0.9:6379 after 20 s\nmore lines")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ServetuneError) as plain:
+        RayCluster("10.0.0.9:6379")
+    assert str(plain.value) == ("--ray-address 10.0.0.9:6379: cannot join the Ray cluster: Could not connect to the "
+                                "GCS at 10.0.0.9:6379 after 20 s")
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("a-token")
+    with pytest.raises(ServetuneError, match=rf"token authentication on: {tmp_path}/.ray/auth_token; the cluster "
+                                             "must use the same token"):
+        RayCluster("10.0.0.9:6379")

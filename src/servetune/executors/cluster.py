@@ -2,6 +2,7 @@
 runs on whichever node has them; its files come back with its outcome. Every node needs servetune, vLLM
 and the model at the same path."""
 
+import os
 import tempfile
 import threading
 from collections.abc import Callable
@@ -31,6 +32,19 @@ def _probe_node() -> InstalledVllm:
     return probe()
 
 
+def _token_hint() -> str:
+    """Where this machine's Ray auth token comes from, if it has one: a token turns on Ray's token authentication
+    (Ray >= 2.52), and any local `ray.init()` since Ray 2.59 leaves one in ~/.ray/auth_token, so a cluster started
+    without it (or with another) refuses this machine after a long wait and a message that does not say why."""
+    default = Path.home() / ".ray" / "auth_token"
+    source = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN")
+              else os.environ.get("RAY_AUTH_TOKEN_PATH") or (str(default) if default.exists() else None))
+    if source is None and os.environ.get("RAY_AUTH_MODE") != "token":
+        return ""
+    return (f" (this machine has Ray token authentication on: {source or 'RAY_AUTH_MODE=token'}; the cluster must "
+            "use the same token, or remove it if a local ray.init() left it)")
+
+
 class RayCluster:
     """At most `slots` trials at once on the Ray cluster at `address` (default: as many as it has GPUs, or
     nodes on a CPU cluster). A trial whose worker or node dies raises WorkerLost; Ray does not retry it."""
@@ -38,8 +52,9 @@ class RayCluster:
     def __init__(self, address: str, slots: int | None = None, work: Callable[[Job], TrialOutcome] = run_job):
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ServetuneError(f"--ray-address {address}: cannot join the Ray cluster: {e}") from None
+        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.AuthenticationError) as e:
+            raise ServetuneError(f"--ray-address {address}: cannot join the Ray cluster: "
+                                 f"{str(e).splitlines()[0]}{_token_hint()}") from None
         nodes = [n for n in ray.nodes() if n["Alive"]]
         self.gpus_per_node = max((int(n["Resources"].get("GPU", 0)) for n in nodes), default=0)
         total = int(ray.cluster_resources().get("GPU", 0))
