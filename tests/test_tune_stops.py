@@ -109,6 +109,15 @@ def test_the_time_plan_guesses_first_then_uses_what_it_measured():
     assert TimePlan(limit_s=None).can_launch(1.0) and TimePlan(limit_s=None).trial_deadline(1.0, 2) is None
 
 
+def test_the_plan_says_what_the_time_left_affords():
+    plan = TimePlan(limit_s=600, device="cpu")
+    assert plan.describe(None, 3).endswith("(guessed; launch ~1m00s), so ~1 of the 3 trials left and the head-to-head "
+                                           "(~3m10s)")
+    assert plan.describe(None, 0).endswith("(guessed; launch ~1m00s), the budget is spent; the head-to-head (~3m10s) "
+                                           "is next")
+    assert TimePlan(limit_s=600, head_to_head=False).describe(None, 0).endswith("the budget is spent")
+
+
 def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(tiny_model, tmp_path):
     executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0)
     summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=250), executor=executor)

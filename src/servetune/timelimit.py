@@ -121,6 +121,8 @@ class TimePlan:
         """One line: what the time left affords."""
         measured = "measured" if self.levels else "guessed"
         trials = min(budget_left, self.affordable(rate))
-        head = f" and the head-to-head (~{duration(self.head_to_head_s(rate))})" if self.head_to_head else ""
+        head = f"the head-to-head (~{duration(self.head_to_head_s(rate))})" if self.head_to_head else ""
+        rest = (f"so ~{trials} of the {budget_left} trials left" + (f" and {head}" if head else "") if budget_left
+                else "the budget is spent" + (f"; {head} is next" if head else ""))
         return (f"time left {duration(self.remaining())}: a trial costs ~{duration(self.trial_s())} ({measured}; "
-                f"launch ~{duration(self.launch_s())}), so ~{trials} of the {budget_left} trials left{head}")
+                f"launch ~{duration(self.launch_s())}), {rest}")
