@@ -6,6 +6,7 @@ that refuses a different study."""
 import json
 import math
 import time
+from types import SimpleNamespace
 from concurrent.futures import Future
 
 import pytest
@@ -23,6 +24,14 @@ from servetune.workload import WorkloadSpec
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}
 
 
+class SimulatedClock:
+    """The time plan's clock, in which a trial's `wall_s` passes when it is submitted."""
+
+    def __init__(self, monkeypatch):
+        self.offset = 0.0
+        monkeypatch.setattr("servetune.timelimit.time", SimpleNamespace(time=lambda: time.time() + self.offset))
+
+
 class StandIn:
     """Trial n holds `rates[n]` req/s (fails 10% above) after `wall_s` of launch and levels; the head-to-head
     level fails (or raises KeyboardInterrupt, as a Ctrl-C there would). `seen` reads summary.json as each trial
@@ -31,8 +40,9 @@ class StandIn:
     slots = 1
 
     def __init__(self, rates: dict[int, float], out, wall_s: float = 60.0, interrupt_head_to_head: bool = False,
-                 lose_head_to_head: int = 0):
+                 lose_head_to_head: int = 0, clock: SimulatedClock | None = None):
         self.rates, self.out, self.wall_s, self.interrupt = rates, out, wall_s, interrupt_head_to_head
+        self.clock = clock
         self.lose = lose_head_to_head  # head-to-heads whose worker dies before one runs
         self.seen: list[dict | None] = []
         self.jobs: list[Job] = []
@@ -60,6 +70,8 @@ class StandIn:
                 "confirm", rate, verdict="fail", reasons=["tpot_p99_ms: 9 of 60 requests over 25 ms"])]))
             return future
         rate = self.rates[len([j for j in self.jobs if not j.plan.fixed_levels]) - 1]
+        if self.clock is not None:
+            self.clock.offset += self.wall_s
         future.set_result(outcomes.ok(
             job.config, levels=[outcomes.level("capacity", math.inf), outcomes.level("search", rate)],
             goodput_rate=rate, goodput_bracket=(rate, 1.1 * rate), request_throughput=2 * rate, p99_ttft_ms=10.0,
@@ -92,7 +104,7 @@ def test_the_time_plan_guesses_first_then_uses_what_it_measured():
     assert TimePlan(limit_s=600, head_to_head=False).head_to_head_s(5.0) == 0
     assert plan.can_launch(None)
     plan.started -= 470  # 130 s left: the first trial is still launched on its guess (a launch and a minute)
-    assert plan.can_launch(None) and plan.affordable(None) == 0
+    assert plan.can_launch(None) and plan.affordable(None) == 1
     plan.started += 470
     plan.observe(wall_s=200, launch_s=120)  # a cold first launch: later ones are taken as at most the guess
     assert plan.launch_s() == 60 and plan.trial_s() == 60 + 80
@@ -104,7 +116,9 @@ def test_the_time_plan_guesses_first_then_uses_what_it_measured():
     assert plan.trial_deadline(10.0, trials_left=1) == pytest.approx(plan.deadline - 100)
     # two trials after this one keep a launch (30 s) and a minute of levels each
     assert plan.trial_deadline(10.0, trials_left=3) == pytest.approx(plan.deadline - 100 - 2 * 90)
-    plan.started -= 500  # 100 s left: no trial of 120 s fits any more
+    plan.started -= 400  # 200 s left: no whole trial (110 s) fits before the head-to-head (100 s), but one cut
+    assert plan.affordable(10.0) == 1 and plan.can_launch(10.0)  # at its deadline does: a launch and a minute
+    plan.started -= 100  # 100 s left: not even that
     assert not plan.can_launch(10.0) and plan.affordable(10.0) == 0
     assert TimePlan(limit_s=None).can_launch(1.0) and TimePlan(limit_s=None).trial_deadline(1.0, 2) is None
 
@@ -118,8 +132,8 @@ def test_the_plan_says_what_the_time_left_affords():
     assert TimePlan(limit_s=600, head_to_head=False).describe(None, 0).endswith("the budget is spent")
 
 
-def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(tiny_model, tmp_path):
-    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0)
+def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(tiny_model, tmp_path, monkeypatch):
+    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0, clock=SimulatedClock(monkeypatch))
     summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=250), executor=executor)
     assert len(executor.jobs) == 1  # a 220 s trial and the head-to-head do not fit in what is left of 250 s
     assert summary.state == "time-limit" and summary_of(tmp_path)["state"] == "time-limit"
@@ -127,6 +141,16 @@ def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(t
     assert summary.best.trial == 0 and summary.confirmation.recommended_goodput_rate == 5.0
     assert executor.jobs[0].deadline is not None  # the trial itself was given the time it could have
     assert "At the time limit: run vLLM's defaults: it holds 5.00 req/s" in summary.answer
+
+
+def test_where_a_whole_trial_no_longer_fits_one_cut_at_its_deadline_still_runs(tiny_model, tmp_path, monkeypatch):
+    """400 s: after a 220 s trial, 180 s are left: not a whole trial (220 s) and the head-to-head, but a launch, a
+    minute of levels and the head-to-head (~134 s)."""
+    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0, clock=SimulatedClock(monkeypatch))
+    summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=400), executor=executor)
+    searched = [j for j in executor.jobs if not j.plan.fixed_levels]
+    assert len(searched) == 2 and searched[1].deadline is not None
+    assert summary.state == "time-limit" and "1 of 3 trials not launched" in summary.not_done[0]
 
 
 def test_outputs_are_written_after_every_trial_and_an_interrupted_head_to_head_resumes(tiny_model, tmp_path):

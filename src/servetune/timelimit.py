@@ -104,18 +104,21 @@ class TimePlan:
         return min(self.deadline, max(time.time() + least, last - (max(1, trials_left) - 1) * least))
 
     def can_launch(self, rate: float | None) -> bool:
-        """Whether one more trial and then the head-to-head fit in what is left. Before any trial is measured
-        the first is launched on a guess as long as a launch and a minute of levels fit: the trial is cut at
-        its deadline, and part of a measurement is an answer where none is not."""
-        if not self.levels:
-            return self.remaining() >= self.launch_s() + FIRST_LEVELS_S
-        return self.remaining() >= self.trial_s() + self.head_to_head_s(rate)
+        """Whether one more trial fits before the head-to-head at `rate`: the least a trial needs, a launch and a
+        minute of levels (what `trial_deadline` keeps for each later trial). A trial is cut at its deadline, and
+        part of a measurement is an answer where none is not; nor does a trial that ran to its deadline say what
+        the next costs (the defaults searching slow low rates took a 15-minute limit's first 9 minutes and, priced
+        at that, left the ladder no launch). Before any trial is measured there is no head-to-head to keep."""
+        least = self.launch_s() + FIRST_LEVELS_S
+        return self.remaining() >= least + (self.head_to_head_s(rate) if self.levels else 0.0)
 
     def affordable(self, rate: float | None) -> int:
-        """Trials that fit before the head-to-head at `rate`."""
+        """Trials that fit before the head-to-head at `rate`: at what a trial costs, and at least the one
+        `can_launch` allows."""
         if self.deadline is None:
             return math.inf
-        return max(0, int((self.remaining() - self.head_to_head_s(rate)) // self.trial_s()))
+        full = max(0, int((self.remaining() - self.head_to_head_s(rate)) // self.trial_s()))
+        return max(full, int(self.can_launch(rate)))
 
     def describe(self, rate: float | None, budget_left: int) -> str:
         """One line: what the time left affords."""
