@@ -129,7 +129,7 @@ def test_a_level_passes_only_when_its_keeping_up_is_shown():
     assert keeping_up_unshown(0.99, 0.01) is None and keeping_up_unshown(1.0, None) is None
     assert keeping_up_unshown(1.02, 0.03) is None  # 97.1% at least: shown
     assert keeping_up_unshown(0.96, 0.01) == (
-        "keeping up not shown: completed 96% of arrivals, at least 94% within noise (needs 95%)")
+        "keeping up not shown: completed 96% of arrivals, at least 94.4% within noise (needs 95%)")
     assert keeping_up_unshown(0.93, 0.04) is not None and level_verdict(_metrics(keep_up_ratio=0.93, keep_up_se=0.04),
                                                                         {"tpot_p99_ms": 25.0}) == []
     assert keeping_up_unshown(None, None) is None  # no steady part: fell_behind says it

@@ -73,7 +73,7 @@ def keeping_up_unshown(ratio: float | None, se: float | None) -> str | None:
     low = ratio - KEEP_UP_Z * (se or 0.0)
     if low >= KEEP_UP_FRACTION:
         return None
-    return (f"keeping up not shown: completed {100 * ratio:.0f}% of arrivals, at least {100 * low:.0f}% within noise "
+    return (f"keeping up not shown: completed {100 * ratio:.0f}% of arrivals, at least {100 * low:.1f}% within noise "
             f"(needs {100 * KEEP_UP_FRACTION:.0f}%)")
 
 
