@@ -179,8 +179,8 @@ def _save_finished(finished: list[RequestRecord], opts: BenchOptions, run: Bench
     """The records of a stopped level and its metrics over the requests that finished (`interrupted`)."""
     spec = opts.workload
     timed = [r for r in finished if not r.warmup]
-    done = [r for r in timed if r.error_kind != "cancelled"]
-    if not done:
+    done = [r for r in timed if r.ok]  # requests cut by the stop are kept in the records as failed
+    if not [r for r in timed if r.error_kind != "cancelled"]:
         hooks.note("no request had finished before the interrupt: nothing written")
         return
     load = LoadResult(sorted(finished, key=lambda r: r.index), spec.request_rate, spec.burstiness,

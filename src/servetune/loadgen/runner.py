@@ -7,6 +7,7 @@ import contextlib
 import gc
 import math
 import os
+import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -169,12 +170,43 @@ def run_load_sync(
     on_record: Callable[[RequestRecord], None] | None = None,
     should_stop: Callable[[Sequence[RequestRecord]], bool] | None = None,
 ) -> LoadResult:
-    """`run_load` on a new event loop: uvloop's when it is installed."""
+    """`run_load` on a new event loop: uvloop's when it is installed. A signal that `servetune.interrupt`
+    handles stops it through the loop (`_signals_cancel`)."""
+    main = _signals_cancel(run_load(target, requests, shape, on_record, should_stop))
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(run_load(target, requests, shape, on_record, should_stop))
-    return uvloop.run(run_load(target, requests, shape, on_record, should_stop))
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+async def _signals_cancel(work: Awaitable[LoadResult]) -> LoadResult:
+    """Await `work` with SIGINT, SIGTERM and SIGHUP, where Python handles them (`servetune.interrupt`), taken by
+    the event loop: the signal cancels the work, which then raises `Interrupted`. Raised by the handler itself,
+    the interrupt can land inside a transport's callback, where the loop takes it for that connection's error
+    and the load goes on (a bench sent SIGTERM ran to its end and exited 0). The handlers are put back after."""
+    from servetune.interrupt import Interrupted
+
+    loop, task, caught = asyncio.get_running_loop(), asyncio.current_task(), []
+    taken = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    taken = {sig: handler for sig, handler in taken.items() if callable(handler)}
+    for sig in list(taken):
+        try:
+            loop.add_signal_handler(sig, lambda sig=sig: (caught.append(sig), task.cancel()))
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+            del taken[sig]
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if not caught:
+            raise
+    finally:
+        for sig, handler in taken.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+    if caught:  # also where the work took the cancel as a stop and returned what it had
+        raise Interrupted(caught[0])
+    return result
 
 
 class _Slots:
