@@ -180,7 +180,7 @@ def _save_finished(finished: list[RequestRecord], opts: BenchOptions, run: Bench
     spec = opts.workload
     timed = [r for r in finished if not r.warmup]
     done = [r for r in timed if r.ok]  # requests cut by the stop are kept in the records as failed
-    if not [r for r in timed if r.error_kind != "cancelled"]:
+    if all(r.error_kind == "cancelled" for r in timed):
         hooks.note("no request had finished before the interrupt: nothing written")
         return
     load = LoadResult(sorted(finished, key=lambda r: r.index), spec.request_rate, spec.burstiness,
