@@ -140,18 +140,18 @@ def run_trial(
         failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=engine.log_path.name)
         return TrialOutcome.failed(engine.engine_args, failure, wall_s=time.monotonic() - started, **facts)
     levels: list[LevelOutcome] = []
-    search = None
+    search, cut = None, False
     try:
         refusal = preflight(engine.base_url, plan)
         if refusal is None:
-            search = _measure(plan, engine, out_dir, levels, deadline, on_level, on_record)
+            search, cut = _measure(plan, engine, out_dir, levels, deadline, on_level, on_record)
     finally:
         alive = engine.alive()
         engine.stop()
     facts["wall_s"] = time.monotonic() - started
     if refusal is not None:
         return TrialOutcome.failed(engine.engine_args, refusal, **facts)
-    if any(lv.stopped == "time limit" for lv in levels) or (deadline is not None and time.time() >= deadline):
+    if cut or any(lv.stopped == "time limit" for lv in levels):
         facts["cut_short"] = "time limit"
     if levels and not plan.fixed_levels:
         facts |= _search_result(levels, search)
@@ -206,10 +206,11 @@ def _probe(base_url: str, plan: TrialPlan, request: RequestSpec) -> str | None:
 
 
 def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelOutcome], deadline: float | None,
-             on_level: Callable | None, on_record: Callable | None) -> RateSearch | None:
+             on_level: Callable | None, on_record: Callable | None) -> tuple[RateSearch | None, bool]:
     """Run the plan's levels, appending each to `levels`: its fixed ones (a head-to-head), or capacity, the
     workload's target rate and the rate search (goodput) while the server lives and the deadline allows.
-    Returns the rate search."""
+    Returns the rate search and whether the deadline left a level of the plan unmeasured (a search that ended
+    by itself just before the deadline was not cut short)."""
     target = Target(engine.base_url, plan.model, plan.workload.endpoint)
     warmup_requests = plan.levels.warmup_requests
 
@@ -245,21 +246,27 @@ def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelO
 
     if plan.fixed_levels:  # a head-to-head: every (rate, seed) as given, the first with warm-up requests
         for i, (rate, seed) in enumerate(plan.fixed_levels):
-            if not engine.alive() or not time_left():
+            if not engine.alive():
                 break
+            if not time_left():
+                return None, True
             level(LevelName.CONFIRM, rate, warmup=warmup_requests if i == 0 else 0, seed=seed)
-        return None
+        return None, False
     capacity = level(LevelName.CAPACITY, math.inf, warmup=warmup_requests)
     if plan.objective != "goodput":
-        return None
+        return None, False
     search = RateSearch(capacity.metrics.request_throughput / requests_per_s(plan, 1.0), plan.levels.resolution,
                         plan.levels.max_levels)
-    if math.isfinite(plan.workload.request_rate) and time_left():
+    if math.isfinite(plan.workload.request_rate):
+        if not time_left():
+            return search, True
         at_target = level(LevelName.TARGET, plan.workload.request_rate)
         search.tell(at_target.rate, at_target.passed)
-    while time_left() and (rate := search.next_rate()) is not None and engine.alive():
+    while (rate := search.next_rate()) is not None and engine.alive():
+        if not time_left():
+            return search, True
         search.tell(rate, level(LevelName.SEARCH, rate).passed)
-    return search
+    return search, False
 
 
 def _level_outcome(name: LevelName, rate: float, seed: int, result, stop: LevelStop, slo: dict[str, float],
