@@ -170,8 +170,8 @@ class TuneProgress:
             console.print(f"  trial {number} failed ({out.failure.kind}): {out.failure.reason}", highlight=False)
         elif out.goodput_rate is not None:
             lo, hi = out.goodput_bracket
-            console.print(f"  trial {number}: goodput rate {lo:.2f} {out.rate_unit} (not passed at {hi:.2f}); capacity "
-                          f"{out.request_throughput:.2f} req/s", highlight=False)
+            console.print(f"  trial {number}: goodput rate {lo:.2f} {out.rate_unit} (not passed at {hi:.2f}); "
+                          f"capacity {out.request_throughput:.2f} req/s", highlight=False)
         else:
             console.print(f"  trial {number}: throughput {out.request_throughput:.2f} req/s", highlight=False)
 

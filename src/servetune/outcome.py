@@ -77,7 +77,7 @@ class TrialOutcome(_Frozen):
     failure: Failure | None = None
     request_throughput: float | None = None  # at the capacity level
     goodput_rate: float | None = None  # the highest rate that met the SLOs (goodput objective)
-    goodput_bracket: tuple[float, float] | None = None  # (highest passed, lowest not passed: failed or undecided) rates of the rate search
+    goodput_bracket: tuple[float, float] | None = None  # the search's highest passed and lowest not passed rates
     p99_ttft_ms: float | None = None  # at the highest passing level, else at capacity
     p99_tpot_ms: float | None = None
     preemptions: float | None = None

@@ -34,7 +34,7 @@ class TrialRow(_Frozen):
     status: str  # ok | failed
     config: dict[str, Any]  # as launched
     goodput_rate: float | None
-    goodput_bracket: list[float] | None  # (highest passed, lowest not passed: failed or undecided) rates of the rate search
+    goodput_bracket: list[float] | None  # the search's highest passed and lowest not passed rates
     request_throughput: float | None
     p99_ttft_ms: float | None
     p99_tpot_ms: float | None
