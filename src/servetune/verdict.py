@@ -40,6 +40,7 @@ from functools import lru_cache
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+from scipy import stats
 
 from servetune.loadgen.records import RequestRecord
 from servetune.metrics import e2el_ms, itls_ms
@@ -49,6 +50,8 @@ QUANTILE = 0.99  # the SLOs are p99s
 CONFIDENCE = 0.95
 ITL_LOOK_STEP = 1.25  # ITL looks at min_requests x 1.25^k requests
 RAMP_SAMPLE = 20  # the first requests sent: their end-to-end latency sets how long a level takes to fill up
+CAP_STEP = 50  # levels' caps are rounded up to this for their fail boundaries (`boundaries`)
+FIRST_FAIL_LOOK = 10  # counted requests before the fail side looks: a level most of whose requests are over ends here
 
 
 class Decision(StrEnum):
@@ -80,31 +83,17 @@ class SloTest(BaseModel):
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(X <= k) for X ~ Binomial(n, p)."""
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    i = np.arange(k + 1)
-    log_pmf = (math.lgamma(n + 1) - np.array([math.lgamma(j + 1) + math.lgamma(n - j + 1) for j in i])
-               + i * math.log(p) + (n - i) * math.log1p(-p))
-    return float(min(1.0, np.exp(log_pmf).sum()))
+    return float(stats.binom.cdf(k, n, p))
 
 
 def clopper_pearson(over: int, n: int, confidence: float) -> tuple[float, float]:
-    """One-sided bounds, each at `confidence`, of a binomial fraction seen as `over` of `n`."""
+    """One-sided bounds, each at `confidence`, of a binomial fraction seen as `over` of `n`: the beta quantiles
+    of Clopper and Pearson."""
     alpha = 1 - confidence
     if n == 0:
         return 0.0, 1.0
-
-    def solve(target, f) -> float:  # the p in (0, 1) where f(p) = target, f decreasing in p
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if f(mid) > target else (lo, mid)
-        return (lo + hi) / 2
-
-    high = 1.0 if over >= n else solve(alpha, lambda p: binomial_cdf(over, n, p))
-    low = 0.0 if over == 0 else solve(1 - alpha, lambda p: binomial_cdf(over - 1, n, p))
+    low = 0.0 if over == 0 else float(stats.beta.ppf(alpha, over, n - over + 1))
+    high = 1.0 if over >= n else float(stats.beta.ppf(1 - alpha, over + 1, n - over))
     return low, high
 
 
@@ -161,6 +150,16 @@ def passes(over: int, n: int, confidence: float, quantile: float = QUANTILE) -> 
     return n > 0 and binomial_cdf(over, n, 1 - quantile) <= 1 - confidence
 
 
+def least_counted(slo: Mapping[str, float], confidence: float, min_requests: int, gaps_per_request: float) -> int:
+    """The fewest requests counted after a level fills up on which it can pass every SLO in `slo` at `confidence`:
+    a request-level p99 with none over its bound (`passes`: 299 at 95%); ITL with as many gaps over the requests,
+    and never fewer requests than `min_requests` (`LevelTest`'s `first`)."""
+    none_over = math.ceil(math.log(1 - confidence) / math.log(QUANTILE))
+    if any(latency(name).per_request is not None for name in slo):
+        return max(min_requests, none_over)
+    return max(min_requests, math.ceil(none_over / max(1.0, gaps_per_request)) if slo else 0)
+
+
 def _solve_alpha(error, target: float) -> float:
     """The largest per-look alpha in (0, target] whose sequence error is at most `target` (bisection on log
     alpha; the error grows with alpha)."""
@@ -173,8 +172,15 @@ def _solve_alpha(error, target: float) -> float:
     return math.exp(lo)
 
 
-@lru_cache(maxsize=32)
 def boundaries(first: int, cap: int, alpha: float) -> Boundaries:
+    """The fail side for a level of at most `cap` requests, computed for the next multiple of CAP_STEP: a longer
+    horizon looks more often, so its boundaries hold for the shorter level too (and levels sized to the time left
+    share a few tables)."""
+    return _boundaries(first, -(-cap // CAP_STEP) * CAP_STEP, alpha)
+
+
+@lru_cache(maxsize=256)
+def _boundaries(first: int, cap: int, alpha: float) -> Boundaries:
     return Boundaries(first, cap, alpha)
 
 
@@ -200,18 +206,9 @@ def itl_bounds(gaps: list[list[float]], bound_ms: float, confidence: float) -> t
     if counted and m > 1:
         fraction = over / counted
         se = math.sqrt(((over_per - fraction * count_per) ** 2).sum() / (m * (m - 1))) / count_per.mean()
-        z = _normal_quantile(confidence)
+        z = float(stats.norm.ppf(confidence))
         low, high = min(low, fraction - z * se), max(high, fraction + z * se)
     return over, counted, max(0.0, low), min(1.0, high)
-
-
-def _normal_quantile(confidence: float) -> float:
-    """z with P(Z <= z) = confidence (bisection on erf; confidence in (0.5, 1))."""
-    lo, hi = 0.0, 10.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < confidence else (lo, mid)
-    return (lo + hi) / 2
 
 
 class LevelTest:
@@ -227,15 +224,18 @@ class LevelTest:
     finish are the short ones), from the first one's due time (`metrics.keep_up` fills the same way). A
     request that failed (an HTTP error, a reply cut short, a lost connection) fails the level at once, as any
     error does; one cancelled (the level stopped) never finished and counts as nothing. `first` is the fewest
-    requests a verdict rests on, `cap` the most the level sends."""
+    requests a pass rests on, `cap` the most the level sends; the fail side looks from FIRST_FAIL_LOOK counted
+    requests on (its boundaries pay for every look), so a level most of whose requests are over ends within
+    seconds even at a slow rate."""
 
     def __init__(self, slo: Mapping[str, float], first: int, cap: int, first_index: int = 0,
                  confidence: float = CONFIDENCE):
         self.slo, self.first, self.cap, self.confidence = dict(slo), first, cap, confidence
         fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
         per_gap = [name for name in slo if latency(name).per_request is None]
-        self.bounds = boundaries(first, cap, fail_alpha) if len(per_gap) < len(slo) else None
-        self.looks = itl_looks(first, cap) if per_gap else []
+        first_fail = min(FIRST_FAIL_LOOK, first)
+        self.bounds = boundaries(first_fail, cap, fail_alpha) if len(per_gap) < len(slo) else None
+        self.looks = itl_looks(first_fail, cap) if per_gap else []
         self.itl_fail_confidence = 1 - fail_alpha / (len(self.looks) + 1)  # the looks and the one at the end
         self._waiting: dict[int, RequestRecord] = {}
         self._first_index = first_index
