@@ -1,10 +1,10 @@
-"""The head-to-head decides the recommendation: the pick's own passing level stands as its confirmation, and
-the defaults measured at the pick's rate decide whether it beats them (worked out from rows and outcomes, no
-server)."""
+"""The head-to-head decides the recommendation: the pick's own passing level stands as its confirmation, and the
+defaults' level at or below the pick's rate (their own search's failure, or the defaults launched again at that
+rate) decides whether it beats them (worked out from rows and outcomes, no server)."""
 
 import outcomes
 
-from servetune.confirm import candidates_of, decide, deciding_level
+from servetune.confirm import candidates_of, decide, deciding_level, failed_at_or_below
 from servetune.results import TrialRow, beats
 
 
@@ -17,7 +17,7 @@ DEFAULT, PICK = row(0, "default", 5.0, 6.0), row(3, "search", 10.0, 11.0)
 
 
 def head_to_head(verdict: str, reasons: list[str] | None = None):
-    return outcomes.ok(levels=[outcomes.level("confirm", 10.0, verdict=verdict, reasons=reasons, completed=120)])
+    return outcomes.level("confirm", 10.0, verdict=verdict, reasons=reasons, completed=120)
 
 
 def test_the_pick_is_confirmed_when_the_defaults_fail_at_its_rate():
@@ -41,10 +41,22 @@ def test_an_undecided_head_to_head_recommends_the_pick_without_a_gain():
     assert result.recommended_goodput_rate == 10.0 and "gain is not shown" in result.reason
 
 
+def test_a_failure_of_the_defaults_own_search_at_or_below_the_picks_rate_decides_without_a_run():
+    own = outcomes.ok(levels=[outcomes.level("capacity", float("inf")), outcomes.level("search", 12.0, passed=False),
+                              outcomes.level("search", 9.0, verdict="fail", reasons=["ttft_p99_ms: 7 of 40 over"]),
+                              outcomes.level("search", 7.0, verdict="undecided"), outcomes.level("search", 5.0)])
+    level = failed_at_or_below(own, 10.0)
+    assert level is own.levels[2]  # the highest decided failure at or below 10: not 12 (above), not 7 (undecided)
+    assert failed_at_or_below(own, 8.0) is None
+    result = decide(PICK, DEFAULT, level, None, method="search")
+    assert result.verdict == "confirmed" and result.method == "search" and result.head_to_head.rate == 9.0
+    assert result.reason == ("the defaults fail at 9.00 req/s in their own search, at or below trial 3's 10.00 "
+                             "(ttft_p99_ms: 7 of 40 over)")
+
+
 def test_without_a_head_to_head_the_pick_keeps_its_own_rate_and_says_why():
-    failed = outcomes.failed(kind="oom", reason="out of memory")
-    for outcome, why in ((None, "not measured at that rate"), (failed, "oom: out of memory")):
-        result = decide(PICK, DEFAULT, outcome, None)
+    for missing, why in ((None, "not measured at that rate"), ("oom: out of memory", "(oom: out of memory)")):
+        result = decide(PICK, DEFAULT, None, None, missing=missing)
         assert result.verdict == "not run" and result.recommended_trial == 3
         assert result.recommended_goodput_rate == 10.0 and why in result.reason
 
@@ -53,7 +65,7 @@ def test_without_a_better_config_the_defaults_are_recommended_at_their_own_rate(
     result = decide(None, DEFAULT, None, None)
     assert result.verdict == "defaults" and result.recommended_trial == 0
     assert result.recommended_goodput_rate == 5.0 and result.reason == "no searched config beat them"
-    nothing = decide(None, row(0, "default", 0.0, 0.3), None, None)
+    nothing = decide(None, outcomes.row(0, "default", goodput_rate=None, goodput_bracket=[0.0, 0.3]), None, None)
     assert nothing.recommended_goodput_rate is None
 
 

@@ -139,7 +139,7 @@ def test_a_reserved_port_is_not_handed_out_again(monkeypatch):
 def test_inline_runs_the_trial_inside_submit_with_its_progress_callbacks(monkeypatch):
     calls = []
 
-    def run_trial(plan, config, out_dir, *, deadline=None, on_level=None, on_record=None) -> TrialOutcome:
+    def run_trial(plan, config, out_dir, *, budget=None, on_level=None, on_record=None) -> TrialOutcome:
         calls.append((plan, config, out_dir, on_level, on_record))
         return TrialOutcome(status=TrialStatus.OK, config=config)
 

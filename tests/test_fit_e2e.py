@@ -20,7 +20,7 @@ from servetune.record import StudyMeta
 from servetune.results import headroom
 from servetune.search.space import build_space
 from servetune.tinymodel import write_tiny_model
-from servetune.trial import TrialPlan, preflight
+from servetune.server import preflight
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import ModelLenBounds, model_len_for
 from test_search import CPU
@@ -96,8 +96,7 @@ def test_word_level_prompts_sized_by_tokens_alone_are_refused_by_their_character
         answer = httpx.post(engine.base_url + "/v1/completions", timeout=120, json={
             "model": str(model), "prompt": requests[0].prompt, "max_tokens": 8, "ignore_eos": True})
         assert answer.status_code == 400 and "characters" in answer.text  # vLLM's own refusal
-        plan = TrialPlan(str(model), spec, {}, "goodput", [requests])
-        refusal = preflight(engine.base_url, plan)
+        refusal = preflight(engine.base_url, str(model), "completions", requests)
         assert refusal.kind == "rejects_workload" and refusal.rejected_fraction == 1.0
         assert f"the server has {by_tokens}" in refusal.reason
     finally:
@@ -123,7 +122,7 @@ def test_a_config_tightened_without_chunked_prefill_serves_the_workload_and_refu
     engine = Engine(str(model), config, tmp_path / "server.log")
     engine.start()
     try:
-        assert preflight(engine.base_url, TrialPlan(str(model), spec, {}, "goodput", [requests])) is None
+        assert preflight(engine.base_url, str(model), "completions", requests) is None
         answer = httpx.post(engine.base_url + "/v1/completions", timeout=120, json={
             "model": str(model), "prompt": "w" * (7 * mml + 1), "max_tokens": 8})
         assert answer.status_code == 400 and f"more than {7 * mml} characters" in answer.text  # the comment's M

@@ -170,7 +170,7 @@ def test_report_shows_every_trial_and_why_the_best_wins(tmp_path):
 def test_report_of_a_study_whose_only_trial_failed(tmp_path):
     storage = make_study(tmp_path / "study.db", [("default", {}, failed({}, "oom", OOM))])
     html = write_report(storage, tmp_path / "report").read_text()
-    assert "No config ran to the end" in html and OOM in html and 'id="trial-0"' in html
+    assert "No config has a measured rate yet" in html and OOM in html and 'id="trial-0"' in html
     assert "nothing to plot" in html and "needs at least 4 completed searched trials" in html
     assert not (tmp_path / "report" / "pareto.png").exists()
 
@@ -237,8 +237,8 @@ def test_a_trace_studys_rates_are_speed_ups_in_the_report_and_the_head_to_head(t
                          meta={"workload": trace})
     record = StudyRecord(optuna.load_study(study_name=STUDY_NAME, storage=storage))
     default, pick = Results(record).rows
-    defaults_fail = outcomes.ok(levels=[outcomes.level("confirm", pick.goodput_rate, verdict="fail",
-                                                       reasons=["tpot_p99_ms: 9 of 60 requests over 40 ms"])])
+    defaults_fail = outcomes.level("confirm", pick.goodput_rate, verdict="fail",
+                                   reasons=["tpot_p99_ms: 9 of 60 requests over 40 ms"])
     record.write_confirmation(decide(pick, default, defaults_fail, None, "x trace speed"))
     html = html_text.unescape(write_report(storage, tmp_path / "report").read_text())
     assert f"the defaults fail at {pick.goodput_rate:.2f} x trace speed (tpot_p99_ms: 9 of 60" in html

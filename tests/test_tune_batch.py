@@ -9,7 +9,7 @@ import optuna
 from optuna.trial import TrialState
 
 import outcomes
-from installed_vllm import VLLM_CPU
+from servetune.testing.installed import VLLM_CPU
 import pytest
 
 from servetune.engine.logfacts import StartupFacts

@@ -5,7 +5,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from installed_vllm import VLLM_CPU
+from servetune.testing.installed import VLLM_CPU
 from servetune.errors import ServetuneError
 from servetune.executors import Job
 from servetune.outcome import Failure, TrialOutcome

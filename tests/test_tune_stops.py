@@ -5,31 +5,22 @@ that refuses a different study."""
 
 import json
 import math
-import time
-from types import SimpleNamespace
 from concurrent.futures import Future
 
 import pytest
 
 import outcomes
-from installed_vllm import VLLM_CPU
+from servetune.testing.installed import VLLM_CPU
 from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study import StudyError, StudyLock, default_storage
-from servetune.timelimit import TimePlan, parse_duration
+from servetune.testing.simengine import SimClock
+from servetune.timelimit import GUESS_LAUNCH_S, Keep, LevelBudget, TimePlan, parse_duration
 from servetune.trial import LevelOptions
-from servetune.tune import Hooks, TuneOptions, tune
+from servetune.tune import Hooks, Runtime, TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}
-
-
-class SimulatedClock:
-    """The time plan's clock, in which a trial's `wall_s` passes when it is submitted."""
-
-    def __init__(self, monkeypatch):
-        self.offset = 0.0
-        monkeypatch.setattr("servetune.timelimit.time", SimpleNamespace(time=lambda: time.time() + self.offset))
 
 
 class StandIn:
@@ -40,7 +31,7 @@ class StandIn:
     slots = 1
 
     def __init__(self, rates: dict[int, float], out, wall_s: float = 60.0, interrupt_head_to_head: bool = False,
-                 lose_head_to_head: int = 0, clock: SimulatedClock | None = None):
+                 lose_head_to_head: int = 0, clock: SimClock | None = None):
         self.rates, self.out, self.wall_s, self.interrupt = rates, out, wall_s, interrupt_head_to_head
         self.clock = clock
         self.lose = lose_head_to_head  # head-to-heads whose worker dies before one runs
@@ -71,7 +62,7 @@ class StandIn:
             return future
         rate = self.rates[len([j for j in self.jobs if not j.plan.fixed_levels]) - 1]
         if self.clock is not None:
-            self.clock.offset += self.wall_s
+            self.clock.advance_to(self.clock.now + self.wall_s)
         future.set_result(outcomes.ok(
             job.config, levels=[outcomes.level("capacity", math.inf), outcomes.level("search", rate)],
             goodput_rate=rate, goodput_bracket=(rate, 1.1 * rate), request_throughput=2 * rate, p99_ttft_ms=10.0,
@@ -98,58 +89,85 @@ def test_durations_read_as_a_person_writes_them():
             parse_duration(bad)
 
 
-def test_the_time_plan_guesses_first_then_uses_what_it_measured():
-    plan = TimePlan(limit_s=600, device="cpu")
-    assert plan.trial_s() == 60 + 180 and plan.head_to_head_s(None) == 60 + 120 + 10  # guessed
-    assert TimePlan(limit_s=600, head_to_head=False).head_to_head_s(5.0) == 0
-    assert plan.can_launch(None)
-    plan.started -= 470  # 130 s left: the first trial is still launched on its guess (a launch and a minute)
-    assert plan.can_launch(None) and plan.affordable(None) == 1
-    plan.started += 470
-    plan.observe(wall_s=200, launch_s=120)  # a cold first launch: later ones are taken as at most the guess
-    assert plan.launch_s() == 60 and plan.trial_s() == 60 + 80
-    plan.observe(wall_s=100, launch_s=20)
-    plan.observe(wall_s=140, launch_s=40)
-    assert plan.launch_s() == 30 and plan.trial_s() == 30 + 80  # the launches after the first; the levels' median
-    assert plan.head_to_head_s(10.0) == 30 + 60 + 10  # launch, a whole level of 600 requests at 10 req/s, stop
-    assert plan.affordable(10.0) in ((600 - 100) // 110, (600 - 100) // 110 - 1)  # the clock runs
-    assert plan.trial_deadline(10.0, trials_left=1) == pytest.approx(plan.deadline - 100)
-    # two trials after this one keep a launch (30 s) and a minute of levels each
-    assert plan.trial_deadline(10.0, trials_left=3) == pytest.approx(plan.deadline - 100 - 2 * 90)
-    plan.started -= 400  # 200 s left: no whole trial (110 s) fits before the head-to-head (100 s), but one cut
-    assert plan.affordable(10.0) == 1 and plan.can_launch(10.0)  # at its deadline does: a launch and a minute
-    plan.started -= 100  # 100 s left: not even that
-    assert not plan.can_launch(10.0) and plan.affordable(10.0) == 0
-    assert TimePlan(limit_s=None).can_launch(1.0) and TimePlan(limit_s=None).trial_deadline(1.0, 2) is None
+def test_the_time_plan_guesses_a_cold_first_launch_then_uses_what_it_measured():
+    clock = SimClock()
+    plan = TimePlan(limit_s=900, device="cpu", budget_trials=4, clock=clock)
+    assert plan.launch_s() == GUESS_LAUNCH_S["cpu"][0]  # nothing measured: the first launch fills the caches
+    plan.observe_launch(200)  # a cold first launch: later ones are taken as at most the guess of a later one
+    assert plan.launch_s() == GUESS_LAUNCH_S["cpu"][1]
+    plan.observe_launch(20)
+    plan.observe_launch(40)
+    assert plan.launch_s() == 30  # the median of the launches after the first
+    assert plan.level_s == 900 / (2 * 5)  # two deciding levels for each trial of the budget and the head-to-head
+    assert plan.trial_s(first_level_s=50) == 30 + 50 + 10  # a launch, the first deciding level, a stop
+    clock.advance_to(clock.now + 800)  # 100 s left: a 90 s trial fits, not beside 20 s kept for a head-to-head
+    assert plan.can_launch(50) and not plan.can_launch(50, reserve_s=20)
+    budget = plan.budget(reserve_s=20, keep=None, next_trial_s=90, after=2, baseline=False)
+    assert budget.deadline == plan.deadline - 20 and budget.share_s == 2 * plan.level_s
+    assert TimePlan(limit_s=None).budget(reserve_s=0, keep=None, next_trial_s=0, after=0, baseline=True) is None
+
+
+def test_a_levels_requests_fit_its_time_its_share_and_leave_room_for_the_trials_after_it():
+    budget = LevelBudget(deadline=1000.0, level_s=60.0, share_s=120.0, next_trial_s=100.0, after=3)
+    # 600 requests at 10 req/s take a minute: the cap holds; held to level_s (60 s) at 20 req/s
+    assert budget.requests(now=0, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 600
+    assert budget.requests(now=0, end=1000, rate_per_s=20, cap=2000, least=300, drain_s=5) == 1200
+    # near the end it shrinks to what fits (50 s less the drain and a stop), and is not started below the least
+    assert budget.requests(now=950, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 350
+    assert budget.requests(now=980, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5).startswith("more than")
+    # 300 requests at 2 req/s take 2m35s, more than a trial's share (2m), while other trials would use the time
+    assert "share" in budget.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5)
+    # vLLM's defaults are held to it only once a level of theirs was decided
+    defaults = LevelBudget(deadline=1000.0, share_s=120.0, next_trial_s=100.0, after=3, baseline=True)
+    assert defaults.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5) == 600
+    assert "share" in defaults.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5, decided=True)
+    # a trial that holds a rate sharpens it only while the 3 trials after it keep 100 s each
+    assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, holds=True).startswith(
+        "sharpening its rate would leave the 3 trials left")
+    assert budget.requests(now=650, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, holds=True) == 350
+    # the last trial, or one after which no other fits, uses the rest
+    assert LevelBudget(deadline=1000.0).refines(now=0, end=1000)
+    assert budget.refines(now=950, end=1000) and not budget.refines(now=0, end=1000)
+
+
+def test_the_head_to_heads_time_is_kept_once_a_pass_needs_it():
+    keep = Keep(low=5.0, high=8.0, launch_s=30.0, requests=300, drain_s=5.0)
+    budget = LevelBudget(deadline=1000.0, keep=keep)
+    assert budget.end([4.0]) == 1000  # below the defaults' rate: no head-to-head
+    assert budget.end([4.0, 6.0]) == 1000 - (1.25 * 30 + 300 / 6 + 5 + 10)  # above it, below their failure: kept
+    assert budget.end([6.0, 9.0]) == 1000  # the highest pass is above a rate the defaults failed at: nothing to run
 
 
 def test_the_plan_says_what_the_time_left_affords():
-    plan = TimePlan(limit_s=600, device="cpu")
-    assert plan.describe(None, 3).endswith("(guessed; launch ~1m00s), so ~1 of the 3 trials left and the head-to-head "
-                                           "(~3m10s)")
-    assert plan.describe(None, 0).endswith("(guessed; launch ~1m00s), the budget is spent; the head-to-head (~3m10s) "
-                                           "is next")
-    assert TimePlan(limit_s=600, head_to_head=False).describe(None, 0).endswith("the budget is spent")
+    plan = TimePlan(limit_s=600, device="cpu", clock=SimClock())
+    assert plan.describe(30, 3) == ("time left 10m00s: a trial needs at least ~2m40s (launch ~2m00s, guessed; its "
+                                    "first deciding level ~30s), room for ~3 of the 3 trials left")
+    assert plan.describe(30, 0, reserve_s=90).endswith("the budget is spent; 1m30s kept for the head-to-head")
 
 
-def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(tiny_model, tmp_path, monkeypatch):
-    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0, clock=SimulatedClock(monkeypatch))
-    summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=250), executor=executor)
-    assert len(executor.jobs) == 1  # a 220 s trial and the head-to-head do not fit in what is left of 250 s
+def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(tiny_model, tmp_path):
+    clock = SimClock()
+    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0, clock=clock)
+    summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=250), executor=executor,
+                   runtime=Runtime(clock=clock))
+    assert len(executor.jobs) == 1  # a 220 s trial: the 30 s left hold no launch (30 s) and a race level at 5 req/s
     assert summary.state == "time-limit" and summary_of(tmp_path)["state"] == "time-limit"
-    assert "2 of 3 trials not launched" in summary.not_done[0]
+    assert "2 of 3 trials not launched: the 30s left hold no launch and first deciding level" in summary.not_done[0]
     assert summary.best.trial == 0 and summary.confirmation.recommended_goodput_rate == 5.0
-    assert executor.jobs[0].deadline is not None  # the trial itself was given the time it could have
+    assert executor.jobs[0].budget.deadline == clock.now - 220 + 250  # the tune's own deadline: no slice
     assert "At the time limit: run vLLM's defaults: it holds 5.00 req/s" in summary.answer
+    assert summary.time.unused_s == 30 and summary.time.elapsed_s == 220
 
 
-def test_where_a_whole_trial_no_longer_fits_one_cut_at_its_deadline_still_runs(tiny_model, tmp_path, monkeypatch):
-    """400 s: after a 220 s trial, 180 s are left: not a whole trial (220 s) and the head-to-head, but a launch, a
-    minute of levels and the head-to-head (~134 s)."""
-    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0, clock=SimulatedClock(monkeypatch))
-    summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=400), executor=executor)
+def test_a_candidate_races_at_the_best_rate_and_the_last_one_that_fits_runs(tiny_model, tmp_path):
+    """400 s: after a 220 s trial, 180 s are left: a launch (30 s) and a deciding level at 5 req/s fit."""
+    clock = SimClock()
+    executor = StandIn({0: 5.0, 1: 6.0, 2: 7.0}, tmp_path / "out", wall_s=220.0, clock=clock)
+    summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=400), executor=executor,
+                   runtime=Runtime(clock=clock))
     searched = [j for j in executor.jobs if not j.plan.fixed_levels]
-    assert len(searched) == 2 and searched[1].deadline is not None
+    assert len(searched) == 2 and searched[0].plan.race is None and searched[1].plan.race.rate == 5.0 and searched[1].plan.race.beat == 5.5
+    assert searched[1].budget.after == 1 and searched[1].budget.deadline == searched[0].budget.deadline
     assert summary.state == "time-limit" and "1 of 3 trials not launched" in summary.not_done[0]
 
 

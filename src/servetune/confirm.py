@@ -1,12 +1,14 @@
-"""The head-to-head: before a searched config is recommended over vLLM's defaults, the defaults are launched
-again and measured at the pick's goodput rate, with the same statistical test as every search level.
+"""The head-to-head: before a searched config is recommended over vLLM's defaults, the defaults must be shown to
+fail at the pick's goodput rate, with the same statistical test as every search level.
 
 The pick's own rate needs no second measurement: its highest passing level already holds its SLOs at the
-stated confidence (`servetune.verdict`), and that level is its confirmation. What the search cannot show is
-that the defaults fail where the pick holds (their search levels ran at other rates); one level decides it.
-The pick stands when the defaults fail at its rate. When they hold it too, they are recommended at that rate
-(it is theirs now, as soundly measured); when their level stays undecided, or the head-to-head could not run,
-the pick is recommended at its own rate and the record says the gain is not shown.
+stated confidence (`servetune.verdict`), and that level is its confirmation. What remains is whether the
+defaults fail where the pick holds. Where their own search failed at a rate at or below the pick's, it has
+shown that (latency grows with load: the rate search rests on the same order), and nothing runs (method
+`search`). Otherwise the defaults are launched again and one level at the pick's rate decides (method
+`head-to-head`). The pick stands when the defaults fail there. When they hold it too, they are recommended at
+that rate (it is theirs now, as soundly measured); when their level stays undecided, or the head-to-head could
+not run, the pick is recommended at its own rate and the record says the gain is not shown.
 """
 
 import math
@@ -20,6 +22,7 @@ from servetune.executors import Job
 from servetune.outcome import LevelOutcome, TrialOutcome
 from servetune.record import HeadToHead, LevelRecord
 from servetune.results import TrialRow
+from servetune.timelimit import LevelBudget
 from servetune.slo import REQUESTS_PER_S, latency
 from servetune.trial import TrialPlan
 from servetune.verdict import Decision
@@ -38,10 +41,10 @@ def candidates_of(rows: list[TrialRow], default: TrialRow | None,
 
 
 def head_to_head_job(default: TrialRow, rate: float, plan: TrialPlan, level_set: list, out: Path,
-                     deadline: float | None) -> Job:
+                     budget: LevelBudget | None) -> Job:
     """The defaults at `rate`: one level with a fresh prompt set (`level_set`, warm-up requests included)."""
     plan = replace(plan, level_sets=[level_set], fixed_levels=[(rate, HEAD_TO_HEAD_SEED)])
-    return Job(default.trial, default.config, plan, out / "confirm" / "default", deadline)
+    return Job(default.trial, default.config, plan, out / "confirm" / "default", budget)
 
 
 def level_record(level: LevelOutcome, trial: int | None = None) -> LevelRecord:
@@ -52,47 +55,53 @@ def level_record(level: LevelOutcome, trial: int | None = None) -> LevelRecord:
                        p99={t.slo: latency(t.slo).p99(level.metrics) for t in level.tests})
 
 
-def deciding_level(outcome: TrialOutcome, rate: float) -> LevelOutcome | None:
+def deciding_level(outcome: TrialOutcome, rate: float | None) -> LevelOutcome | None:
     """The passing search level that gave a trial its goodput rate."""
     return next((lv for lv in outcome.levels if lv.passed and lv.rate == rate), None)
 
 
-def decide(pick: TrialRow | None, default: TrialRow | None, default_outcome: TrialOutcome | None,
-           pick_level: LevelOutcome | None, rate_unit: str = REQUESTS_PER_S) -> HeadToHead:
-    """The recommendation from the search rows (`pick`: the best candidate, None when none beat the defaults)
-    and the defaults' head-to-head outcome at the pick's rate (None: not run), its reason in the study's
-    `rate_unit`."""
-    base = default.goodput_rate if default else None
+def failed_at_or_below(outcome: TrialOutcome, rate: float) -> LevelOutcome | None:
+    """The defaults' own level that failed at the highest rate at or below `rate`, if any: a load that failed
+    there fails at `rate` too."""
+    failed = [lv for lv in outcome.levels if lv.verdict == Decision.FAIL and math.isfinite(lv.rate) and lv.rate <= rate]
+    return max(failed, key=lambda lv: lv.rate, default=None)
+
+
+def decide(pick: TrialRow | None, default: TrialRow, level: LevelOutcome | None, pick_level: LevelOutcome | None,
+           rate_unit: str = REQUESTS_PER_S, *, method: str = "head-to-head", missing: str | None = None) -> HeadToHead:
+    """The recommendation from the search rows (`pick`: the best candidate, None when none beat the defaults) and
+    the defaults' level that decides it (`level`: their own search's failure at or below the pick's rate, method
+    `search`, or the head-to-head's level, method `head-to-head`; None: not measured, `missing` says why), its
+    reason in the study's `rate_unit`."""
+    base = default.goodput_rate
     if pick is None:
-        rate = base or 0.0
-        return HeadToHead(method="head-to-head", pick=None, head_to_head=None, verdict="defaults",
-                          recommended_trial=default.trial, recommended_goodput_rate=rate or None,
-                          default_goodput_rate=rate or None, reason="no searched config beat them")
+        return HeadToHead(method=method, pick=None, head_to_head=None, verdict="defaults",
+                          recommended_trial=default.trial, recommended_goodput_rate=base,
+                          default_goodput_rate=base, reason="no searched config beat them")
     rate = pick.goodput_rate
-    level = default_outcome.levels[0] if default_outcome is not None and default_outcome.levels else None
     decided = HeadToHead(
-        method="head-to-head",
+        method=method,
         pick=level_record(pick_level, pick.trial) if pick_level else LevelRecord(trial=pick.trial, rate=rate),
         head_to_head=level_record(level) if level is not None else None, verdict="not run",
         recommended_trial=pick.trial, recommended_goodput_rate=rate, default_goodput_rate=base, reason="")
     name = f"trial {pick.trial}"
     if level is None:
-        why = (default_outcome.failure and str(default_outcome.failure)) if default_outcome else None
         return decided.model_copy(update={
             "reason": f"{name} holds {rate:.2f} {rate_unit}; the defaults were not measured at that rate"
-                      + (f" ({why})" if why else "")})
+                      + (f" ({missing})" if missing else "")})
+    why = "; ".join(level.reasons[:2])
     if level.verdict == Decision.FAIL:
-        return decided.model_copy(update={
-            "verdict": "confirmed",
-            "reason": f"the defaults fail at {rate:.2f} {rate_unit} ({'; '.join(level.reasons[:2])})"})
+        where = (f"at {rate:.2f} {rate_unit}" if method == "head-to-head"
+                 else f"at {level.rate:.2f} {rate_unit} in their own search, at or below {name}'s {rate:.2f}")
+        return decided.model_copy(update={"verdict": "confirmed", "reason": f"the defaults fail {where} ({why})"})
     if level.verdict == Decision.PASS:
         return decided.model_copy(update={
             "verdict": "not confirmed", "recommended_trial": default.trial, "default_goodput_rate": rate,
             "reason": f"the defaults hold {rate:.2f} {rate_unit} too, where {name} holds it: keep the defaults"})
     return decided.model_copy(update={
         "verdict": "undecided",
-        "reason": f"{name} holds {rate:.2f} {rate_unit}; at that rate the defaults were undecided "
-                  f"({'; '.join(level.reasons[:2])}): the gain is not shown"})
+        "reason": f"{name} holds {rate:.2f} {rate_unit}; at that rate the defaults were undecided ({why}): the gain "
+                  "is not shown"})
 
 
 def run_head_to_head(job: Job, running: Dispatch, hooks: Any) -> TrialOutcome:

@@ -166,14 +166,7 @@ class TuneProgress:
         self.running.remove(number)
         self._running()
         self.bar.advance(self.trials)
-        if not out.ok:
-            console.print(f"  trial {number} failed ({out.failure.kind}): {out.failure.reason}", highlight=False)
-        elif out.goodput_rate is not None:
-            lo, hi = out.goodput_bracket
-            console.print(f"  trial {number}: goodput rate {lo:.2f} {out.rate_unit} (not passed at {hi:.2f}); "
-                          f"capacity {out.request_throughput:.2f} req/s", highlight=False)
-        else:
-            console.print(f"  trial {number}: throughput {out.request_throughput:.2f} req/s", highlight=False)
+        console.print(f"  trial {number}: {out.describe()}", highlight=False)
 
     def trial_lost(self, number: int, reason: str) -> None:
         self.running.remove(number)

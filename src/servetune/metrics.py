@@ -147,6 +147,16 @@ def schedule_lag_ms(r: RequestRecord) -> float:
     return (r.start_ns - max(r.scheduled_ns, r.slot_freed_ns)) / _NS_PER_MS
 
 
+def completion_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Requests completed per second between the first and the last successful timed completion [req/s]; None with
+    fewer than two. At full load this is the server's capacity: unlike `request_throughput` it does not count the
+    wait for the first completion, which a short level or one of long requests would spread over its few."""
+    ends = sorted(r.end_ns for r in records if r.ok and not r.warmup)
+    if len(ends) < 2 or ends[-1] <= ends[0]:
+        return None
+    return (len(ends) - 1) / ((ends[-1] - ends[0]) / _NS_PER_S)
+
+
 @dataclass(frozen=True)
 class KeepUp:
     """Whether the server kept up with a level, read off its steady part (see `keep_up`)."""

@@ -15,7 +15,9 @@ from servetune.engine.logfacts import FailureKind, StartupFacts
 from servetune.metrics import LevelMetrics
 from servetune.verdict import Decision, SloTest
 
-SCHEMA_VERSION = 2  # 2: level verdicts by statistical test (verdict, tests, stopped); wall_s, cut_short
+SCHEMA_VERSION = 3  # 2: level verdicts by statistical test (verdict, tests, stopped); wall_s, cut_short
+# 3: goodput_rate None where no level passed (was 0.0); race levels; request_throughput None where no capacity level
+# finished a request
 
 
 class TrialStatus(StrEnum):
@@ -25,6 +27,7 @@ class TrialStatus(StrEnum):
 
 class LevelName(StrEnum):
     CAPACITY = "capacity"  # rate inf: the upper bound for the rate search
+    RACE = "race"  # a candidate's first level: at the best goodput rate measured so far
     TARGET = "target"  # the workload's own request_rate
     SEARCH = "search"  # a bisection step of the rate search
     CONFIRM = "confirm"  # a fixed (rate, seed) level: the head-to-head
@@ -57,7 +60,7 @@ class LevelOutcome(_Frozen):
     passed: bool  # verdict == pass
     reasons: list[str]  # why it did not pass; empty when it passed
     tests: list[SloTest] = []  # one per SLO at a finite rate (`servetune.verdict`)
-    stopped: str | None = None  # why it ended before its cap: decided, saturated, time limit
+    stopped: str | None = None  # why it ended before its cap: decided, saturated, time limit, measured (capacity)
     metrics: LevelMetrics
     server: dict[str, float | None] | None  # the server's /metrics counters over the level (None: not scraped)
     records: str  # the raw request records, relative to the trial's directory
@@ -76,7 +79,7 @@ class TrialOutcome(_Frozen):
     levels: list[LevelOutcome] = []
     failure: Failure | None = None
     request_throughput: float | None = None  # at the capacity level
-    goodput_rate: float | None = None  # the highest rate that met the SLOs (goodput objective)
+    goodput_rate: float | None = None  # the highest rate that met the SLOs (goodput objective; None: none did)
     goodput_bracket: tuple[float, float] | None = None  # the search's highest passed and lowest not passed rates
     p99_ttft_ms: float | None = None  # at the highest passing level, else at capacity
     p99_tpot_ms: float | None = None
@@ -95,6 +98,29 @@ class TrialOutcome(_Frozen):
         """The rate-inf level of a search trial (None for a confirmation, or a trial that never measured)."""
         return next((lv for lv in self.levels if lv.name == LevelName.CAPACITY), None)
 
+    def describe(self) -> str:
+        """What the trial measured, in a line: its goodput rate and bracket (or why it holds none), its capacity;
+        never a rate that was not measured."""
+        if not self.ok:
+            return f"failed ({self.failure.kind}): {self.failure.reason}"
+        unit = self.rate_unit
+        capacity = (f"capacity {self.request_throughput:.2f} req/s" if self.request_throughput
+                    else "capacity not measured")
+        first = self.levels[0] if self.levels else None
+        if self.goodput_rate:
+            low, high = self.goodput_bracket
+            text = f"goodput rate {low:.2f} {unit} (not passed at {high:.2f}); {capacity}"
+        elif first is not None and first.name == LevelName.RACE:
+            text = (f"lost the race: {first.verdict} at {first.rate:.2f} {unit}, the best rate measured before it"
+                    + (f" ({first.reasons[0]})" if first.reasons else ""))
+        elif self.goodput_bracket is not None:
+            text = f"held no rate down to {self.goodput_bracket[1]:.2f} {unit}; {capacity}"
+        elif self.request_throughput:
+            text = f"throughput {self.request_throughput:.2f} req/s at full load"
+        else:
+            text = f"no rate measured; {capacity}" if self.levels else "no level measured"
+        return text + (f"; cut short ({self.cut_short})" if self.cut_short else "")
+
     @classmethod
     def failed(cls, config: dict[str, Any], failure: Failure, **facts: Any) -> "TrialOutcome":
         return cls(status=TrialStatus.FAILED, config=config, failure=failure, **facts)
@@ -107,7 +133,7 @@ class TrialOutcome(_Frozen):
     def read(cls, stored: dict[str, Any]) -> "TrialOutcome":
         """An outcome from the study, validated; ValueError for one written by a newer servetune. Outcomes
         stored before the schema was versioned read as version 1 (their failure named the log by its full path);
-        version 1 levels get the verdict their `passed` gave."""
+        version 1 levels get the verdict their `passed` gave; before version 3 a goodput rate of 0 meant none."""
         version = stored.get("schema_version")
         if version is not None and version > SCHEMA_VERSION:
             raise ValueError(f"trial outcome schema {version} is newer than this servetune's ({SCHEMA_VERSION})")
@@ -118,4 +144,6 @@ class TrialOutcome(_Frozen):
         if (version or 1) < 2:  # a level's verdict was its point p99s: pass or fail
             stored = stored | {"levels": [lv | {"verdict": "pass" if lv["passed"] else "fail"}
                                           for lv in stored.get("levels", [])]}
+        if (version or 1) < 3 and stored.get("goodput_rate") == 0.0:  # no level passed
+            stored = stored | {"goodput_rate": None}
         return cls.model_validate(stored | {"schema_version": SCHEMA_VERSION})

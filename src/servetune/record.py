@@ -195,6 +195,7 @@ class Progress(_Stored):
     not_done: list[str] = []
     time_limit_s: float | None = None
     elapsed_s: float | None = None
+    next_trial_s: float | None = None  # the least another trial needed when the tune last planned one
 
 
 class LevelRecord(_Stored):
@@ -211,8 +212,10 @@ class LevelRecord(_Stored):
 
 
 class HeadToHead(_Stored):
-    """The head-to-head (`confirm.decide`): the pick's deciding level, the defaults' level at the pick's rate, the
-    verdict (confirmed, not confirmed, undecided, not run, defaults), why, and the recommendation. `search_trials`:
+    """The head-to-head (`confirm.decide`): the pick's deciding level, the defaults' level that decides it (method
+    `search`: their own search's failure at or below the pick's rate; `head-to-head`: the defaults launched again at
+    the pick's rate), the verdict (confirmed, not confirmed, undecided, not run, defaults), why, and the
+    recommendation. `search_trials`:
     how many trials were measured when it was decided (a resume that measured nothing new keeps it). A study made
     before the head-to-head keeps its pooled confirmation as stored (method None, its own fields kept)."""
 
@@ -225,6 +228,7 @@ class HeadToHead(_Stored):
     default_goodput_rate: float | None
     reason: str
     search_trials: int | None = None
+    wall_s: float | None = None  # the head-to-head's launch and level (None: none ran)
 
     @property
     def confirmed(self) -> bool:

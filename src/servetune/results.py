@@ -17,7 +17,8 @@ from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
 from servetune.outcome import LevelOutcome
-from servetune.record import HeadToHead, RecordedTrial, StudyMeta, StudyRecord
+from servetune.record import HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord
+from servetune.timelimit import duration
 from servetune.workload.fit import refused_beyond
 
 
@@ -119,11 +120,8 @@ def budget_spent(trials: list[RecordedTrial]) -> list[BudgetEntry]:
             entries.append(BudgetEntry(trial=t.number, launched=False, why=t.record.why or "TPE's proposal",
                                        config=t.params, result=f"skipped: {t.record.skipped}"))
         elif (out := t.outcome) is not None:
-            result = (f"failed ({out.failure.kind}): {out.failure.reason}" if not out.ok
-                      else f"goodput {out.goodput_rate:.2f} {out.rate_unit}" if out.goodput_rate is not None
-                      else f"throughput {out.request_throughput:.2f} req/s")
             entries.append(BudgetEntry(trial=t.number, launched=True, why=t.record.why, config=out.config,
-                                       result=result))
+                                       result=out.describe()))
     return entries
 
 
@@ -156,13 +154,14 @@ class Headroom(_Frozen):
 
 
 def beats(row: TrialRow, default: TrialRow, objective: str) -> bool:
-    """Whether a measured row beats the default's beyond the measurement's resolution: for goodput, its
-    passing rate is at or above the rate at which the default failed (the brackets do not overlap); for
-    throughput, by more than 5%."""
+    """Whether a measured row beats the default's beyond the measurement's resolution: for goodput, it holds a rate
+    at or above the lowest rate the defaults did not pass (their brackets do not overlap), or any rate where the
+    defaults hold none; for throughput, by more than 5%."""
     if objective == "goodput":
-        return row.goodput_bracket[0] >= default.goodput_bracket[1] > 0 or (
-            default.goodput_rate == 0 and row.goodput_rate > 0)
-    return row.request_throughput > 1.05 * default.request_throughput
+        if not row.goodput_rate:
+            return False
+        return not default.goodput_rate or row.goodput_rate >= (default.goodput_bracket or [0.0, 0.0])[1]
+    return (row.request_throughput or 0.0) > 1.05 * (default.request_throughput or 0.0)
 
 
 def choose_best(rows: list[TrialRow], objective: str) -> tuple[TrialRow | None, TrialRow | None, bool]:
@@ -202,6 +201,29 @@ def headroom(meta: StudyMeta, config: dict, reason: str | None) -> Headroom | No
                     comment=f"max-model-len {mml} ({known}; tightened because {why}): {refused}")
 
 
+class TimeSpent(_Frozen):
+    """How a tune's time went (s): launching servers (to ready, or to failing), load levels (and stopping), the
+    head-to-head, the rest (proposing, writing outputs, waiting), and what was left of the time limit. Trials run
+    in parallel add up to more than the time that passed."""
+
+    elapsed_s: float
+    launches_s: float
+    levels_s: float
+    head_to_head_s: float
+    other_s: float
+    unused_s: float | None  # None: no time limit
+    next_trial_s: float | None = None  # the least another trial needed at the end (a launch, a deciding level)
+
+    def __str__(self) -> str:
+        of = f" of {duration(self.elapsed_s + self.unused_s)}" if self.unused_s is not None else ""
+        unused = f"; {duration(self.unused_s)} unused" if self.unused_s is not None else ""
+        if self.unused_s and self.next_trial_s:
+            unused += f" (a trial needed ~{duration(self.next_trial_s)})"
+        return (f"{duration(self.elapsed_s)}{of}: launches {duration(self.launches_s)}, load levels "
+                f"{duration(self.levels_s)}, head-to-head {duration(self.head_to_head_s)}, other "
+                f"{duration(self.other_s)}{unused}")
+
+
 class Summary(_Frozen):
     """The study's recommendation (summary.json): the tune's state, the defaults and the best config (the
     head-to-head's recommendation when there was one), whether and by how much it beats them, the rate it
@@ -230,6 +252,7 @@ class Summary(_Frozen):
     device: str
     best_command: str | None = None  # with a best config only, as `headroom`
     headroom: Headroom | None = None
+    time: TimeSpent | None = None
     answer: str = ""
 
     @model_serializer(mode="wrap")
@@ -255,7 +278,7 @@ def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial],
     gain = (best.value / default.value - 1) if best and default and default.value else None
     confirmation = record.confirmation
     if confirmation is not None:  # the head-to-head's recommendation replaces the search's
-        best = next(r for r in rows if r.trial == confirmation.recommended_trial)
+        best = next((r for r in rows if r.trial == confirmation.recommended_trial), best)
         significant = confirmation.confirmed
         held, base = confirmation.recommended_goodput_rate, confirmation.default_goodput_rate
         gain = held / base - 1 if significant and held and base else (0.0 if best is default else None)
@@ -269,51 +292,120 @@ def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial],
         skipped=sum(1 for t in trials if t.record.skipped is not None), model=meta.model, strategy=meta.strategy,
         vllm_version=meta.vllm_version, device=meta.device,
         best_command=serve_command(meta.model, best.config) if best is not None else None,
-        headroom=headroom(meta, best.config, best.model_len_reason) if best is not None else None)
+        headroom=headroom(meta, best.config, best.model_len_reason) if best is not None else None,
+        time=time_spent(record, progress))
     return result.model_copy(update={"answer": answer(result, rows)})
 
 
+def time_spent(record: StudyRecord, progress: Progress) -> "TimeSpent | None":
+    """How the tune's time went (`TimeSpent`), from every launch's outcome and the head-to-head's; None before the
+    tune wrote its progress."""
+    elapsed_s, limit_s = progress.elapsed_s, progress.time_limit_s
+    if elapsed_s is None:
+        return None
+    launches = levels = 0.0
+    for out in record.launches():
+        ready = out.startup.ready_s if out.startup and out.startup.ready_s is not None else None
+        launches += ready if ready is not None else (out.wall_s or 0.0)
+        levels += max(0.0, (out.wall_s or 0.0) - (ready or 0.0)) if ready is not None else 0.0
+    head_to_head = (record.confirmation.wall_s or 0.0) if record.confirmation is not None else 0.0
+    spent = launches + levels + head_to_head
+    return TimeSpent(elapsed_s=elapsed_s, launches_s=round(launches, 1), levels_s=round(levels, 1),
+                     head_to_head_s=round(head_to_head, 1), other_s=round(max(0.0, elapsed_s - spent), 1),
+                     unused_s=round(max(0.0, limit_s - elapsed_s), 1) if limit_s is not None else None,
+                     next_trial_s=progress.next_trial_s)
+
+
 def answer(summary: Summary, rows: list[TrialRow]) -> str:
-    """What to run, in a sentence or two: the recommended config, the rate it holds (decided at a stated
-    confidence) or why there is none, against vLLM's defaults, and what was not done. The CLI and the report
-    both print it."""
-    best, default = summary.best, summary.default
+    """What to run, in a sentence or two, whatever the study holds: the recommended config and the rate it holds
+    (decided at a stated confidence), against vLLM's defaults; or what is known when no rate was decided, and
+    what was not done. The CLI and the report both print it."""
     state = {"running": "So far: ", "interrupted": "Interrupted: ", "time-limit": "At the time limit: "}.get(
         summary.state, "")
     not_done = f" Not done: {'; '.join(summary.not_done)}." if summary.not_done else ""
-    if best is None:
-        text = (f"no config ran to the end ({len(rows)} measured, all failed): the table says why." if rows
-                else "nothing was measured yet.")
-        return _sentence(state, text) + not_done
-    goodput = summary.objective == "goodput"
-    unit = summary.rate_unit if goodput else "req/s"
-    is_default = default is not None and best.trial == default.trial
-    who = "vLLM's defaults" if is_default else f"trial #{best.trial}'s config"
-    confirmation = summary.confirmation
-    rate = (confirmation.recommended_goodput_rate if confirmation is not None else best.goodput_rate) if goodput \
-        else best.request_throughput
+    ok = [r for r in rows if r.ok]
+    if not rows:
+        text = "nothing was measured yet."
+    elif not ok:
+        kinds = sorted({(r.failure or "failed").split(":")[0] for r in rows})
+        text = f"no config ran: {_count(len(rows), 'launch')}, all failed ({', '.join(kinds)}); the table says why."
+    elif summary.objective == "goodput":
+        text = _goodput_answer(summary, rows)
+    else:
+        text = _throughput_answer(summary, rows)
+    return _sentence(state, text) + not_done
+
+
+def _goodput_answer(summary: Summary, rows: list[TrialRow]) -> str:
+    best, default, unit, confirmation = summary.best, summary.default, summary.rate_unit, summary.confirmation
+    rate = summary.recommended_rate
+    if not rate:
+        return _no_rate(summary, rows)
+    who = "vLLM's defaults" if default is not None and best.trial == default.trial else f"trial #{best.trial}'s config"
     how = (f"decided at {summary.confidence:.0%} confidence" if summary.confidence
            else "by its levels' p99s, before servetune's verdicts were statistical")
-    holds = f"it holds {rate:.2f} {unit} within the SLOs ({how})" if goodput else f"{rate:.2f} req/s at full load"
-    if goodput and not rate:
-        low, high = next(r for r in rows if r.trial == best.trial).goodput_bracket or (0.0, 0.0)
-        holds = (f"no rate held the SLOs (its levels failed or stayed undecided down to {high:.2f} {unit}); "
-                 "the best estimate is below that rate")
+    holds = f"it holds {rate:.2f} {unit} within the SLOs ({how})"
     if confirmation is not None and confirmation.reason:
-        text = f"run {who}: {holds}; {confirmation.reason}."
-    elif default is None:
-        text = f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
-    elif summary.best_beats_default:
-        than = (f"{summary.gain:+.0%} over their {default.rate(summary.objective):.2f} {unit}"
-                if summary.gain is not None else "where they held no rate")
-        text = f"trial #{best.trial} beats vLLM's defaults: {holds}, {than}, beyond the measured resolution."
+        return f"run {who}: {holds}; {confirmation.reason}."
+    if default is None:
+        return f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
+    if summary.best_beats_default:
+        base = confirmation.default_goodput_rate if confirmation is not None else default.goodput_rate
+        than = (f"{summary.gain:+.0%} over their {base:.2f} {unit}" if summary.gain is not None and base
+                else f"where they hold no rate{_down_to(default, unit)}")
+        return f"trial #{best.trial} beats vLLM's defaults: {holds}, {than}, beyond the measured resolution."
+    text = f"keep vLLM's defaults: {holds}."
+    top = max((r for r in rows if r.ok), key=lambda r: r.value or 0.0)
+    if top.trial != default.trial and top.value:
+        text += (f" No config beat them beyond the measured resolution: the highest, trial #{top.trial}, measured "
+                 f"{top.value:.2f} {unit}.")
+    return text
+
+
+def _no_rate(summary: Summary, rows: list[TrialRow]) -> str:
+    """No config holds a decided rate: what the defaults and the others measured instead."""
+    unit, default = summary.rate_unit, summary.default
+    others = [r for r in rows if r.ok and (default is None or r.trial != default.trial)]
+    if default is None:
+        first = "vLLM's defaults did not run"
+    elif default.goodput_bracket is None:
+        first = "vLLM's defaults were not measured to a verdict (no level finished)"
     else:
-        top = max((r for r in rows if r.ok), key=lambda r: r.value or 0.0)
-        text = f"keep vLLM's defaults: {holds}."
-        if top.trial != default.trial:
-            text += (f" No config beat them beyond the measured resolution: the highest, trial #{top.trial}, "
-                     f"measured {top.value:.2f} {unit}.")
-    return _sentence(state, text) + not_done
+        capacity = (f" (capacity {default.request_throughput:.2f} req/s at full load)"
+                    if default.request_throughput else "")
+        first = f"vLLM's defaults hold no rate{_down_to(default, unit)}{capacity}"
+    if not others:
+        rest = "no other config was measured"
+    else:
+        lost = [r for r in others if r.goodput_bracket is not None]
+        rest = (f"none of {_count(len(others), 'other config')} held a rate" if lost
+                else f"none of {_count(len(others), 'other config')} was measured to a verdict")
+    return f"no rate decided: {first}; {rest}."
+
+
+def _down_to(entry: "SummaryEntry", unit: str) -> str:
+    """' down to X unit': the lowest rate a config was measured at and did not pass ('' when none)."""
+    bracket = entry.goodput_bracket
+    return f" down to {bracket[1]:.2f} {unit}" if bracket and bracket[1] and math.isfinite(bracket[1]) else ""
+
+
+def _throughput_answer(summary: Summary, rows: list[TrialRow]) -> str:
+    best, default = summary.best, summary.default
+    if not best.request_throughput:
+        return "no throughput was measured: no capacity level finished a request."
+    who = "vLLM's defaults" if default is not None and best.trial == default.trial else f"trial #{best.trial}'s config"
+    holds = f"{best.request_throughput:.2f} req/s at full load"
+    if default is None:
+        return f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
+    if summary.best_beats_default:
+        return (f"trial #{best.trial} beats vLLM's defaults: {holds}"
+                + (f", {summary.gain:+.0%} over their {default.request_throughput:.2f} req/s" if summary.gain is not None
+                   else "") + ", beyond the measured resolution.")
+    return f"keep vLLM's defaults: {holds}."
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 'es' if noun.endswith('h') else 's'}"
 
 
 def _sentence(prefix: str, text: str) -> str:

@@ -131,12 +131,14 @@ DEFINING = {"model": "--model", "workload": "--workload", "slo": "--slo", "objec
             "confirm": "--confirm/--no-confirm", "min_model_len": "--min-model-len"}
 
 
-def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: StudyMeta, resume: bool) -> StudyRecord:
+def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: StudyMeta, resume: bool,
+               backend: optuna.storages.BaseStorage | None = None) -> StudyRecord:
     """Create the study, or with `resume` continue it. Refuses to mix studies (`check_storage`), and a
-    resumed one must have been made with every option that defines it (`DEFINING`) as given now."""
+    resumed one must have been made with every option that defines it (`DEFINING`) as given now. `backend`:
+    Optuna storage to keep it in instead of `storage`'s (the simulated engine's in-memory one)."""
     exists = check_storage(storage, resume)
-    study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="maximize", sampler=sampler,
-                                load_if_exists=True)
+    study = optuna.create_study(storage=backend or storage, study_name=STUDY_NAME, direction="maximize",
+                                sampler=sampler, load_if_exists=True)
     record = StudyRecord(study)
     if exists:
         old, new = record.stored_meta, meta.stored()

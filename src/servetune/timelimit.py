@@ -1,26 +1,45 @@
-"""The tune's wall-clock limit (`--time-limit`): what it can still afford, from what it has measured.
+"""The tune's wall-clock limit (`--time-limit`): when to launch another trial, how many requests each load level
+sends, and when to keep time for the head-to-head, from what the tune has measured.
 
-A trial costs its launch plus its load levels; the head-to-head at the end costs a launch of the defaults
-plus one level at the pick's rate. Before measuring anything the plan guesses (GUESS_*); after each trial it
-uses the launches and trials measured so far. The search launches a trial only when the trial and the
-head-to-head both still fit; a trial is given a deadline that leaves the head-to-head its time and the trials
-still to come the least they need (a launch and a minute of levels each), and is stopped there with what it
-measured.
+Time goes to launches (the first on a machine also fills vLLM's compile caches: 2-4 minutes), load levels and
+the head-to-head. The plan keeps these rules:
+
+- The tune's deadline is the only deadline. A launch runs until the server is up or the deadline comes; a level
+  is started only when the requests its verdict needs fit before the deadline (its cap shrinks to fit, never below
+  the fewest a pass rests on), and once started it runs to its verdict unless the deadline itself comes.
+- A level's cap is held to a share of the limit (`TimePlan.level_s`: about two deciding levels for each trial of
+  the budget and for the head-to-head), so that one slow config cannot take the whole limit; and no level whose
+  smallest deciding size takes more than a trial's share (`share_s`) is started while another trial would use
+  the time, except by vLLM's defaults before any level of theirs was decided (every answer is measured
+  against them).
+- Another trial is launched while a launch and its first deciding level still fit. A trial that holds a rate
+  sharpens it only while every trial left in the budget keeps that room; one after which no other would fit uses
+  what is left to sharpen its own rate (`LevelBudget.refines`).
+- The head-to-head's time is kept only once a candidate has passed where it would be needed (`Keep`): at or
+  above the defaults' goodput bracket, below every rate their own search failed at.
 """
 
 import math
 import re
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-GUESS_LAUNCH_S = {"cpu": 60.0, "gpu": 120.0}  # before the first launch is measured
-GUESS_LEVELS_S = 180.0  # a trial's levels, before the first trial is measured
+GUESS_LAUNCH_S = {"cpu": (120.0, 60.0), "gpu": (240.0, 120.0)}  # (first, later) before a launch is measured
+GUESS_CAPACITY_S = 30.0  # a capacity level's length before any is measured
 STOP_S = 10.0  # stopping a server and writing outputs
-FIRST_LEVELS_S = 60.0  # the least time of levels worth launching the first trial for
-GUESS_HEAD_TO_HEAD_LEVEL_S = 120.0  # the head-to-head's level, before any rate is known
+LAUNCH_SPARE = 1.25  # the head-to-head's launch is kept this much longer than launches took: it must not miss
+LEVELS_PER_TRIAL = 2  # deciding levels a trial is given its share of the limit for (`TimePlan.level_s`)
 
 _UNITS = {"h": 3600, "m": 60, "s": 1}
+
+
+class Clock(Protocol):
+    """What time it is, in epoch seconds: the `time` module itself, or a simulated engine's clock."""
+
+    def time(self) -> float: ...
 
 
 def parse_duration(text: str) -> float:
@@ -43,89 +62,148 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+@dataclass(frozen=True)
+class Keep:
+    """The head-to-head's time, kept from the moment a trial passes a level at a rate in [low, high) (the study's
+    rate unit): the defaults launched again and one deciding level at that rate."""
+
+    low: float  # the defaults' lowest rate not passed: a pass at or above it beats them
+    high: float  # the lowest rate the defaults' own search failed at (inf: none): above it nothing needs running
+    launch_s: float
+    requests: int  # the head-to-head level's requests
+    drain_s: float  # the last requests' latency, and the warm-up
+
+    def applies(self, rate: float) -> bool:
+        return self.low <= rate < self.high
+
+    def seconds(self, rate_per_s: float) -> float:
+        """What the head-to-head takes at `rate_per_s` req/s, its launch given LAUNCH_SPARE (launches vary)."""
+        return LAUNCH_SPARE * self.launch_s + self.requests / rate_per_s + self.drain_s + STOP_S
+
+
+@dataclass(frozen=True)
+class LevelBudget:
+    """What one trial may spend, set by the tuner's plan (`TimePlan.budget`) when the trial is submitted; the
+    trial asks it before every level (`requests`)."""
+
+    deadline: float  # epoch s: the tune's deadline, less the head-to-head's time where that is kept already
+    level_s: float | None = None  # the longest a level should run (its cap shrinks to it, never below `least`)
+    share_s: float | None = None  # the longest a deciding level may take (None: as long as the deadline allows)
+    baseline: bool = False  # vLLM's defaults: `share_s` holds only once a level of theirs was decided
+    keep: Keep | None = None
+    next_trial_s: float = 0.0  # the least another trial needs: with less left, this trial refines its own rate
+    after: int = 0  # trials the study's budget holds after this one
+
+    def end(self, passed: Iterable[float], per_s: float = 1.0) -> float:
+        """When the trial must be done, given the rates it passed so far (`per_s`: req/s per rate unit): the
+        deadline, less the head-to-head's time once its highest pass made it needed."""
+        best = max(passed, default=None)
+        if best is None or self.keep is None or not self.keep.applies(best):
+            return self.deadline
+        return self.deadline - self.keep.seconds(best * per_s)
+
+    def requests(self, now: float, end: float, rate_per_s: float, cap: int, least: int, drain_s: float,
+                 decided: bool = False, holds: bool = False) -> "int | str":
+        """The requests a level at `rate_per_s` req/s sends: `cap`, held to `level_s` and to what fits before `end`
+        with `drain_s` for its last replies, and in a trial that `holds` a rate already, to what leaves each later
+        trial of the budget room for a launch and its first deciding level. Why it is not started, when fewer than
+        `least` (what its verdict needs) fit, or when `least` takes longer than `share_s` while another trial would
+        use the time (vLLM's defaults: once a level of theirs was `decided`, so that a candidate can be measured
+        against it)."""
+        need = least / rate_per_s + drain_s
+        shared = self.share_s is not None and (decided or not self.baseline)
+        if shared and need > self.share_s and not self.refines(now, end):
+            return f"more than a trial's share of the limit ({duration(self.share_s)})"
+        n = cap
+        if self.level_s is not None:
+            n = min(n, max(least, math.ceil(rate_per_s * self.level_s)))
+        n = min(n, math.floor((end - now - drain_s - STOP_S) * rate_per_s))
+        if n < least:
+            return f"more than the {duration(max(0.0, end - now))} left"
+        later = min(self.after, math.floor((end - now) / self.next_trial_s)) if self.next_trial_s > 0 else 0
+        if holds and later > 0:
+            n = min(n, math.floor((end - now - later * self.next_trial_s - drain_s - STOP_S) * rate_per_s))
+            if n < least:
+                return f"sharpening its rate would leave the {later} trials left less than they need"
+        return n
+
+    def refines(self, now: float, end: float) -> bool:
+        """Whether this trial should go on sharpening its rate after its search has ended: no other trial would
+        use the time left."""
+        return self.after == 0 or end - now < self.next_trial_s
+
+
 @dataclass
 class TimePlan:
-    """A tune's time limit (None: none) and what it measured so far."""
+    """A tune's time limit (None: none), its clock and what it measured so far."""
 
     limit_s: float | None
     device: str = "cpu"  # "cpu" or "gpu": the guess of a launch's cost
-    head_to_head: bool = True  # whether the tune ends with one (its time is kept for it)
-    level_requests: int = 600  # a level's cap: a level that passes sends them all
-    started: float = field(default_factory=time.time)  # epoch s
-    launches: list[float] = field(default_factory=list)  # measured seconds to ready
-    levels: list[float] = field(default_factory=list)  # measured seconds of each trial after its launch
+    budget_trials: int = 1  # trials of the budget (the defaults included): the limit's share of a level
+    clock: Clock = time
+    launches: list[float] = field(default_factory=list)  # measured seconds to ready, in order
+    started: float = 0.0  # epoch s; the clock's now when made
+
+    def __post_init__(self) -> None:
+        self.started = self.started or self.clock.time()
 
     @property
     def deadline(self) -> float | None:
         return None if self.limit_s is None else self.started + self.limit_s
 
+    def now(self) -> float:
+        return self.clock.time()
+
     def remaining(self) -> float:
-        return math.inf if self.deadline is None else self.deadline - time.time()
+        return math.inf if self.deadline is None else self.deadline - self.now()
 
     def elapsed(self) -> float:
-        return time.time() - self.started
+        return self.now() - self.started
 
-    def observe(self, wall_s: float | None, launch_s: float | None) -> None:
-        """A finished trial's cost: its whole time and its launch."""
-        if launch_s is not None:
-            self.launches.append(launch_s)
-        if wall_s is not None:
-            self.levels.append(max(0.0, wall_s - (launch_s or 0.0)))
+    def observe_launch(self, ready_s: float) -> None:
+        self.launches.append(ready_s)
 
     def launch_s(self) -> float:
-        """What the next launch is expected to take. The first launch on a machine also fills vLLM's compile
-        caches (on the H200, 3m27s against ~1m30s after it), so until a second is measured a launch is taken
-        as the smaller of the first and the guess."""
-        guess = GUESS_LAUNCH_S.get(self.device, 60.0)
+        """What the next launch is expected to take. The first on a machine fills vLLM's compile caches (on the
+        H200, 3m27s against ~1m30s after it), so until a second is measured a launch is taken as the smaller of
+        the first and the guess of a later one."""
+        first, later = GUESS_LAUNCH_S.get(self.device, GUESS_LAUNCH_S["cpu"])
         if len(self.launches) > 1:
             return statistics.median(self.launches[1:])
-        return min(self.launches[0], guess) if self.launches else guess
+        return min(self.launches[0], later) if self.launches else first
 
-    def trial_s(self) -> float:
-        """What the next trial is expected to cost: a launch and the median of the levels measured (each trial's
-        time less its launch), else a guess."""
-        return self.launch_s() + (statistics.median(self.levels) if self.levels else GUESS_LEVELS_S)
+    @property
+    def level_s(self) -> float | None:
+        """The longest a level should run: the limit shared by about LEVELS_PER_TRIAL deciding levels for each
+        trial of the budget and for the head-to-head."""
+        return None if self.limit_s is None else self.limit_s / (LEVELS_PER_TRIAL * (self.budget_trials + 1))
 
-    def head_to_head_s(self, rate: float | None) -> float:
-        """The defaults launched again and one level at `rate` (req/s, the best so far; None: not known yet)
-        that runs to its end (a pass; a fail ends sooner); 0 without a head-to-head."""
-        if not self.head_to_head:
-            return 0.0
-        level_s = self.level_requests / rate if rate and math.isfinite(rate) else GUESS_HEAD_TO_HEAD_LEVEL_S
-        return self.launch_s() + level_s + STOP_S
+    def trial_s(self, first_level_s: float) -> float:
+        """The least a trial needs: a launch, its first deciding level (`first_level_s`) and a stop."""
+        return self.launch_s() + first_level_s + STOP_S
 
-    def trial_deadline(self, rate: float | None, trials_left: int) -> float | None:
-        """The deadline of a search trial, one of `trials_left` still to run: the head-to-head at `rate` keeps
-        its time, and each trial after this one the least it needs (a launch and a minute of levels)."""
+    def can_launch(self, first_level_s: float, reserve_s: float = 0.0) -> bool:
+        """Whether another trial fits before the deadline, with `reserve_s` kept for the head-to-head."""
+        return self.remaining() - reserve_s >= self.trial_s(first_level_s)
+
+    def budget(self, *, reserve_s: float, keep: Keep | None, next_trial_s: float, after: int,
+               baseline: bool) -> LevelBudget | None:
+        """The budget of a trial submitted now (None without a limit); its deciding levels are held to a trial's share
+        of the limit (vLLM's defaults, the `baseline`, once they hold a rate)."""
         if self.deadline is None:
             return None
-        least = self.launch_s() + FIRST_LEVELS_S
-        last = self.deadline - self.head_to_head_s(rate)
-        return min(self.deadline, max(time.time() + least, last - (max(1, trials_left) - 1) * least))
+        return LevelBudget(deadline=self.deadline - reserve_s, level_s=self.level_s,
+                           share_s=LEVELS_PER_TRIAL * self.level_s, baseline=baseline, keep=keep,
+                           next_trial_s=next_trial_s, after=after)
 
-    def can_launch(self, rate: float | None) -> bool:
-        """Whether one more trial fits before the head-to-head at `rate`: the least a trial needs, a launch and a
-        minute of levels (what `trial_deadline` keeps for each later trial). A trial is cut at its deadline, and
-        part of a measurement is an answer where none is not; nor does a trial that ran to its deadline say what
-        the next costs (the defaults searching slow low rates took a 15-minute limit's first 9 minutes and, priced
-        at that, left the ladder no launch). Before any trial is measured there is no head-to-head to keep."""
-        least = self.launch_s() + FIRST_LEVELS_S
-        return self.remaining() >= least + (self.head_to_head_s(rate) if self.levels else 0.0)
-
-    def affordable(self, rate: float | None) -> int:
-        """Trials that fit before the head-to-head at `rate`: at what a trial costs, and at least the one
-        `can_launch` allows."""
-        if self.deadline is None:
-            return math.inf
-        full = max(0, int((self.remaining() - self.head_to_head_s(rate)) // self.trial_s()))
-        return max(full, int(self.can_launch(rate)))
-
-    def describe(self, rate: float | None, budget_left: int) -> str:
-        """One line: what the time left affords."""
-        measured = "measured" if self.levels else "guessed"
-        trials = min(budget_left, self.affordable(rate))
-        head = f"the head-to-head (~{duration(self.head_to_head_s(rate))})" if self.head_to_head else ""
-        rest = (f"so ~{trials} of the {budget_left} trials left" + (f" and {head}" if head else "") if budget_left
-                else "the budget is spent" + (f"; {head} is next" if head else ""))
-        return (f"time left {duration(self.remaining())}: a trial costs ~{duration(self.trial_s())} ({measured}; "
-                f"launch ~{duration(self.launch_s())}), {rest}")
+    def describe(self, first_level_s: float, budget_left: int, reserve_s: float = 0.0) -> str:
+        """One line: the time left and what it affords."""
+        each = self.trial_s(first_level_s)
+        fits = max(0, int((self.remaining() - reserve_s) // each)) if each > 0 else budget_left
+        measured = "measured" if self.launches else "guessed"
+        kept = f"; {duration(reserve_s)} kept for the head-to-head" if reserve_s else ""
+        rest = (f"room for ~{min(fits, budget_left)} of the {budget_left} trials left" if budget_left
+                else "the budget is spent")
+        return (f"time left {duration(self.remaining())}: a trial needs at least ~{duration(each)} (launch "
+                f"~{duration(self.launch_s())}, {measured}; its first deciding level ~{duration(first_level_s)}), "
+                f"{rest}{kept}")

@@ -1,35 +1,48 @@
-"""One trial: launch vLLM with a config, measure its capacity and goodput rate over load levels, stop it.
+"""One trial: launch vLLM with a config, measure its goodput rate (or its capacity) over load levels, stop it.
 
-Before the first level the running server is checked against the workload (`preflight`): a config that
-would refuse or cut short part of the workload is not measured. A head-to-head trial measures fixed
-(rate, seed) levels instead of searching. Each level at a finite rate sends until its statistical verdict
-is final (`servetune.verdict`). A deadline stops the trial where it is, keeping what it measured. A trial that fails (OOM, bad config, a server that dies, a
-workload the config rejects) returns an outcome that says so; it never raises for the engine's sake.
+Before the first level the running server is checked against the workload (`Server.preflight`): a config that
+would refuse or cut short part of the workload is not measured. A search trial measures its capacity (every
+request at once, held to CAPACITY_S once enough have finished), then the rate search (`RateSearch`). A candidate
+given a `race` (the best goodput rate measured so far) is measured there first, with the fail-early test: it
+loses in seconds, or passes and is measured next at the rate that would beat the best, and searched upward from
+there. A head-to-head trial measures fixed (rate, seed)
+levels. Each level at a finite rate sends until its statistical verdict is final (`servetune.verdict`); the trial's
+budget (`timelimit.LevelBudget`) sizes it, and a level that could not reach a verdict before the budget's end is not
+started. A trial that fails (OOM, bad config, a server that dies, a workload the config rejects) returns an outcome
+that says so; it never raises for the engine's sake.
 """
 
 import math
 import statistics
 import time
+
+import numpy as np
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from servetune.bench import measure_level
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
-from servetune.loadgen import LoadShape, RequestRecord, Target
-from servetune.metrics import tpot_ms, ttft_ms
+from servetune.loadgen import LoadShape, RequestRecord
+from servetune.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
 from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
 from servetune.search.objective import RateSearch, keeping_up_unshown, level_verdict, rejected_requests
+from servetune.server import Server, VllmServer
 from servetune.slo import TPOT, TTFT
-from servetune.verdict import Decision, LevelTest, SloTest
+from servetune.timelimit import Clock, LevelBudget, duration
+from servetune.verdict import Decision, LevelTest, SloTest, least_counted
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.trace import trace_rate
 
 SATURATION_MIN_FINISHED = 20
+BEHIND_SHARE = 0.9  # a level that finished fewer of its due requests than this is falling behind (`behind`)
+BEHIND_AFTER_S = 10.0
+CAPACITY_S = 30.0  # a search's capacity level ends after this long once CAPACITY_MIN_FINISHED have finished
+CAPACITY_MIN_FINISHED = 10
+FAR_OVER = 0.25  # a level with at least this share over a bound failed by far (`failed_far`)
+FILL_SPARE = 5  # requests beyond the fill's estimate (`least_requests`)
+DRAIN_GUESS_S = 10.0  # a level's last replies, before any level at a finite rate was measured
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,16 @@ class TrialPlan:
     levels: LevelOptions = LevelOptions()
     engine_env: dict[str, str] = field(default_factory=dict)
     fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # a head-to-head: (rate, seed) each
+    race: "Race | None" = None  # a candidate's start
+
+
+@dataclass(frozen=True)
+class Race:
+    """A candidate's start: the best goodput rate measured so far (`rate`), which it must pass to be searched at all,
+    and the lowest rate the config that holds it did not pass (`beat`): a pass there beats it."""
+
+    rate: float
+    beat: float | None = None
 
 
 def requests_per_s(plan: TrialPlan, rate: float) -> float:
@@ -67,17 +90,44 @@ def requests_per_s(plan: TrialPlan, rate: float) -> float:
     return rate * (trace_rate(plan.level_sets[0]) or 1.0)
 
 
-def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Sequence[RequestRecord]], bool]:
-    """A `should_stop` that cuts a level once it is clearly saturated: the recent median TTFT or TPOT is
-    far past its SLO, or the level runs 50% (plus 10 s) longer than its schedule (the queue is growing)."""
-    started = time.perf_counter_ns()
+def least_requests(plan: TrialPlan, rate_per_s: float, drain_s: float) -> int:
+    """The fewest requests a level at `rate_per_s` can pass on: those its verdict counts (`verdict.least_counted`)
+    and those sent while it fills up (about `drain_s`, the requests' latency, with half again and FILL_SPARE more:
+    the fill is read off the level's own first requests)."""
+    outputs = [r.output_len for r in plan.level_sets[0]]
+    gaps = statistics.mean(outputs) - 1 if outputs else 1.0
+    counted = least_counted(plan.slo, plan.levels.confidence, plan.levels.min_requests, gaps)
+    return counted + math.ceil(1.5 * rate_per_s * drain_s) + FILL_SPARE
+
+
+Launcher = Callable[[TrialPlan, dict[str, Any], Path, float], Server]  # (plan, config, log, startup timeout)
+
+
+def vllm_server(plan: TrialPlan, engine_args: dict[str, Any], log_path: Path, startup_timeout_s: float) -> Server:
+    """A real vLLM server for the plan's model and endpoint."""
+    engine = Engine(plan.model, engine_args, log_path, startup_timeout_s=startup_timeout_s, extra_env=plan.engine_env)
+    return VllmServer(engine, plan.workload.endpoint)
+
+
+def saturation_check(slo: dict[str, float], rate: float, n: int,
+                     clock: Clock = time) -> Callable[[Sequence[RequestRecord]], bool]:
+    """A `should_stop` that cuts a level at `rate` req/s once it is clearly saturated: the recent median TTFT or
+    TPOT is far past its SLO; it has fallen far behind its arrivals (`behind`); or it runs 50% (plus 10 s) longer
+    than its schedule (the queue is growing)."""
+    started = clock.time()
     schedule_s = n / rate
+    lag: list[float] = []  # the p90 end-to-end latency (s) of the first finished: how long keeping up takes
 
     def should_stop(finished: Sequence[RequestRecord]) -> bool:
-        if (time.perf_counter_ns() - started) / 1e9 > 1.5 * schedule_s + 10:
+        elapsed = clock.time() - started
+        if elapsed > 1.5 * schedule_s + 10:
             return True
         if len(finished) < SATURATION_MIN_FINISHED:
             return False
+        if not lag:
+            lag.append(float(np.percentile([e2el_ms(r) for r in finished if r.ok] or [0.0], 90)) / 1000)
+        if behind(len(finished), rate * (min(elapsed, schedule_s) - 2 * lag[0]), elapsed, lag[0]):
+            return True
         recent = [r for r in finished[-10:] if r.ok and r.chunk_ns]
         if not recent:
             return False
@@ -89,13 +139,26 @@ def saturation_check(slo: dict[str, float], rate: float, n: int) -> Callable[[Se
     return should_stop
 
 
+def behind(finished: int, due: float, elapsed_s: float, lag_s: float) -> bool:
+    """Whether a level has fallen far behind its arrivals: at least BEHIND_AFTER_S (and four latencies) in, fewer
+    than BEHIND_SHARE of the `due` requests (those due two latencies ago, which a server keeping up has finished)
+    have finished, by more than three standard deviations of Poisson arrivals. A server at 1.4 times its capacity
+    is cut after a few hundred requests, at twice it after a few dozen; one a little past it is left to the level's
+    keep-up test."""
+    if elapsed_s < max(BEHIND_AFTER_S, 4 * lag_s) or due <= 0:
+        return False
+    return finished < BEHIND_SHARE * due - 3 * math.sqrt(due)
+
+
 class LevelStop:
-    """A level's `should_stop`: its verdict is final (`test`), it is saturated, or the deadline (epoch s)
-    passed. `why` says which stopped it: "decided", "saturated" or "time limit"."""
+    """A level's `should_stop`: its verdict is final (`test`), it is saturated, the deadline (epoch s) passed,
+    or a capacity level has run `box_s` with enough finished. `why` says which stopped it: "decided",
+    "saturated", "time limit" or "measured"."""
 
     def __init__(self, test: LevelTest | None, saturated: Callable[[Sequence[RequestRecord]], bool] | None,
-                 deadline: float | None):
-        self.test, self.saturated, self.deadline = test, saturated, deadline
+                 deadline: float | None, box_s: float | None = None, clock: Clock = time):
+        self.test, self.saturated, self.deadline, self.box_s, self.clock = test, saturated, deadline, box_s, clock
+        self.started = clock.time()
         self.seen = 0
         self.why: str | None = None
 
@@ -104,12 +167,16 @@ class LevelStop:
             for record in finished[self.seen:]:
                 self.test.add(record)
             self.seen = len(finished)
+        now = self.clock.time()
         if self.test is not None and self.test.decision != Decision.UNDECIDED:
             self.why = "decided"
         elif self.saturated is not None and self.saturated(finished):
             self.why = "saturated"
-        elif self.deadline is not None and time.time() >= self.deadline:
+        elif self.deadline is not None and now >= self.deadline:
             self.why = "time limit"
+        elif (self.box_s is not None and now - self.started >= self.box_s
+              and sum(r.ok for r in finished) >= CAPACITY_MIN_FINISHED):
+            self.why = "measured"
         return self.why is not None
 
 
@@ -118,155 +185,196 @@ def run_trial(
     engine_args: dict[str, Any],
     out_dir: Path,
     *,
-    deadline: float | None = None,
+    budget: LevelBudget | None = None,
     on_level: Callable[[str, float, int], None] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
+    launch: Launcher = vllm_server,
+    clock: Clock = time,
 ) -> TrialOutcome:
-    """Launch, measure, stop. The outcome's paths are relative to `out_dir`. At `deadline` (epoch s) the
-    level running is stopped and the trial ends with what it measured (`cut_short`)."""
+    """Launch, measure, stop. The outcome's paths are relative to `out_dir`. The launch may run until the budget's
+    deadline; each level is sized by the budget, and the trial ends with what it measured (`cut_short`) when the
+    next level could not reach a verdict in time."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    started = clock.time()
     startup_timeout_s = plan.levels.startup_timeout_s
-    if deadline is not None:
-        startup_timeout_s = max(1.0, min(startup_timeout_s, deadline - time.time()))
-    engine = Engine(plan.model, engine_args, out_dir / "server.log", startup_timeout_s=startup_timeout_s,
-                    extra_env=plan.engine_env)
+    if budget is not None:
+        startup_timeout_s = max(1.0, min(startup_timeout_s, budget.deadline - started))
+    server = launch(plan, engine_args, out_dir / "server.log", startup_timeout_s)
     facts: dict[str, Any] = {"rate_unit": plan.workload.rate_unit}
     try:
-        facts["startup"] = engine.start()
+        facts["startup"] = server.start()
     except EngineFailed as e:
-        if deadline is not None and time.time() >= deadline:
-            facts["cut_short"] = "time limit"
-        failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=engine.log_path.name)
-        return TrialOutcome.failed(engine.engine_args, failure, wall_s=time.monotonic() - started, **facts)
-    levels: list[LevelOutcome] = []
-    search, cut = None, False
+        if budget is not None and clock.time() >= budget.deadline:
+            facts["cut_short"] = "time limit: the launch did not finish before the deadline"
+        failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=server.log_path.name)
+        return TrialOutcome.failed(server.engine_args, failure, wall_s=clock.time() - started, **facts)
+    trial = Levels(plan, server, out_dir, budget, clock, on_level, on_record)
+    search = None
     try:
-        refusal = preflight(engine.base_url, plan)
+        refusal = server.preflight([r for s in plan.level_sets for r in s])
         if refusal is None:
-            search, cut = _measure(plan, engine, out_dir, levels, deadline, on_level, on_record)
+            search = trial.measure()
     finally:
-        alive = engine.alive()
-        engine.stop()
-    facts["wall_s"] = time.monotonic() - started
+        alive = server.alive()
+        server.stop()
+    facts["wall_s"] = clock.time() - started
     if refusal is not None:
-        return TrialOutcome.failed(engine.engine_args, refusal, **facts)
-    if cut or any(lv.stopped == "time limit" for lv in levels):
-        facts["cut_short"] = "time limit"
-    if levels and not plan.fixed_levels:
-        facts |= _search_result(levels, search)
+        return TrialOutcome.failed(server.engine_args, refusal, **facts)
+    if trial.cut is not None:
+        facts["cut_short"] = trial.cut
+    if trial.levels and not plan.fixed_levels:
+        facts |= _search_result(trial.levels, search)
     if not alive:
         failure = Failure(kind=FailureKind.DIED, reason="the server died during the load levels",
-                          log=engine.log_path.name)
-        return TrialOutcome.failed(engine.engine_args, failure, levels=levels, **facts)
-    return TrialOutcome(status=TrialStatus.OK, config=engine.engine_args, levels=levels, **facts)
+                          log=server.log_path.name)
+        return TrialOutcome.failed(server.engine_args, failure, levels=trial.levels, **facts)
+    return TrialOutcome(status=TrialStatus.OK, config=server.engine_args, levels=trial.levels, **facts)
 
 
-def preflight(base_url: str, plan: TrialPlan, probes: int = 2) -> Failure | None:
-    """Check the workload against the running server before any level: every request of the plan must fit
-    the server's max-model-len (`RequestSpec.min_model_len`), and the `probes` longest are sent for real
-    and must come back whole. Returns the failure (kind `rejects_workload`) naming how much of the
-    workload the config rejects, or None."""
-    requests = [r for s in plan.level_sets for r in s]
-    try:
-        model_len = httpx.post(f"{base_url}/tokenize", json={"model": plan.model, "prompt": "fit"},
-                               timeout=60).json()["max_model_len"]
-        over = [r for r in requests if r.min_model_len > model_len]
-        if over:
-            return _rejects(len(over), len(requests), f"they need max-model-len up to "
-                            f"{max(r.min_model_len for r in over)}, the server has {model_len}")
-        for r in sorted(requests, key=lambda r: r.min_model_len)[-probes:]:
-            problem = _probe(base_url, plan, r)
-            if problem:
-                return _rejects(1, probes, f"the server {problem} (it needs {r.min_model_len} of {model_len} tokens)")
-    except httpx.HTTPError as e:
-        return Failure(kind=FailureKind.EXITED, reason=f"the server stopped answering before the first level: {e}")
-    return None
+class Levels:
+    """The load levels of one trial, in order: each sized by the budget, sent, decided and kept (`levels`). `cut`
+    says why the time limit left a level of the plan unmeasured (None: it did not)."""
 
+    def __init__(self, plan: TrialPlan, server: Server, out_dir: Path, budget: LevelBudget | None, clock: Clock,
+                 on_level: Callable | None, on_record: Callable | None):
+        self.plan, self.server, self.out_dir, self.budget, self.clock = plan, server, out_dir, budget, clock
+        self.on_level, self.on_record = on_level, on_record
+        self.levels: list[LevelOutcome] = []
+        self.cut: str | None = None
+        self.capacity: float | None = None  # req/s at full load, in the study's rate unit (`completion_rate`)
 
-def _rejects(n: int, total: int, why: str) -> Failure:
-    return Failure(kind=FailureKind.REJECTS_WORKLOAD, reason=f"config rejects {100 * n / total:.1f}% of the workload "
-                   f"({n} of {total} requests): {why}", rejected_fraction=n / total)
+    def measure(self) -> RateSearch | None:
+        """Every level of the plan: its fixed ones (a head-to-head), its capacity (objective throughput), or the
+        rate search, first at the plan's `race` rate where it has one; returns the search (None: none ran)."""
+        warmup = self.plan.levels.warmup_requests
+        if self.plan.fixed_levels:
+            for i, (rate, seed) in enumerate(self.plan.fixed_levels):
+                if not self.server.alive() or self.run(LevelName.CONFIRM, rate, warmup if i == 0 else 0, seed) is None:
+                    break
+            return None
+        if self.plan.objective != "goodput":
+            self.run(LevelName.CAPACITY, math.inf, warmup)
+            return None
+        if self.plan.race is not None:
+            return self._race(self.plan.race, warmup)
+        self.run(LevelName.CAPACITY, math.inf, warmup)
+        if not self.capacity:
+            return None
+        search = RateSearch(self.capacity, self.plan.levels.resolution, self.plan.levels.max_levels)
+        if math.isfinite(self.plan.workload.request_rate):
+            at_target = self.run(LevelName.TARGET, self.plan.workload.request_rate)
+            if at_target is None:
+                return search
+            search.tell(at_target.rate, at_target.passed, far=failed_far(at_target))
+        return self._search(search)
 
+    def _race(self, race: Race, warmup: int) -> RateSearch | None:
+        """A candidate: first at the best rate measured so far; a pass there is measured next at the rate that would
+        beat it (a level the budget starts even where it would not let the trial sharpen a rate it holds), and only
+        a pass there is searched on upward, its capacity (measured then) the upper bound."""
+        first = self.run(LevelName.RACE, race.rate, warmup)
+        if first is None:
+            return None
+        search = RateSearch(race.rate, self.plan.levels.resolution, self.plan.levels.max_levels)
+        search.tell(race.rate, first.passed)
+        if not first.passed:
+            return search
+        if race.beat is not None and race.beat > race.rate:
+            beat = self.run(LevelName.SEARCH, race.beat, decisive=True)
+            if beat is None:
+                return search
+            search.tell(race.beat, beat.passed, far=failed_far(beat))
+            if not beat.passed:
+                return search  # a tie: between the two rates it cannot beat the config that holds the best
+        self.run(LevelName.CAPACITY, math.inf)
+        search.capacity = max(search.passed, self.capacity or 0.0)
+        return self._search(search)
 
-def _probe(base_url: str, plan: TrialPlan, request: RequestSpec) -> str | None:
-    """Send one request for real, whole; why the server did not serve it as asked, or None."""
-    if plan.workload.endpoint == "chat":
-        path, body = "/v1/chat/completions", {"messages": request.messages(),
-                                              "max_completion_tokens": request.output_len}
-    else:
-        path, body = "/v1/completions", {"prompt": request.prompt, "max_tokens": request.output_len}
-    response = httpx.post(base_url + path, json={"model": plan.model, "ignore_eos": True, **body}, timeout=600)
-    if response.status_code != 200:
-        return f"refused a {request.prompt_len}-token prompt: HTTP {response.status_code} {response.text[:200]}"
-    got = response.json()["usage"]["completion_tokens"]
-    if got < request.output_len:
-        return f"cut a reply to {got} of {request.output_len} tokens"
-    return None
+    def _search(self, search: RateSearch) -> RateSearch:
+        """The rate search's levels while the server lives and they fit; a trial no other would follow refines."""
+        while self.server.alive():
+            rate = search.next_rate()
+            if rate is None and self.budget is not None and self.budget.refines(self.clock.time(), self.end()):
+                rate = search.refine()  # no other trial would use the time left: sharpen this one's rate
+            if rate is None:
+                break
+            level = self.run(LevelName.SEARCH, rate)
+            if level is None:
+                break
+            search.tell(rate, level.passed, far=failed_far(level))
+        return search
 
+    def end(self) -> float:
+        """When this trial's levels must be done (`LevelBudget.end`; inf without a budget)."""
+        if self.budget is None:
+            return math.inf
+        return self.budget.end([lv.rate for lv in self.levels if lv.passed and math.isfinite(lv.rate)],
+                               requests_per_s(self.plan, 1.0))
 
-def _measure(plan: TrialPlan, engine: Engine, out_dir: Path, levels: list[LevelOutcome], deadline: float | None,
-             on_level: Callable | None, on_record: Callable | None) -> tuple[RateSearch | None, bool]:
-    """Run the plan's levels, appending each to `levels`: its fixed ones (a head-to-head), or capacity, the
-    workload's target rate and the rate search (goodput) while the server lives and the deadline allows.
-    Returns the rate search and whether the deadline left a level of the plan unmeasured (a search that ended
-    by itself just before the deadline was not cut short)."""
-    target = Target(engine.base_url, plan.model, plan.workload.endpoint)
-    warmup_requests = plan.levels.warmup_requests
+    def drain_s(self) -> float:
+        """How long a level's last replies take: the p90 end-to-end latency of the last level at a finite rate,
+        else the median of the capacity level (every request at once: an upper bound)."""
+        measured = [lv for lv in self.levels if lv.metrics.completed]
+        finite = [lv for lv in measured if math.isfinite(lv.rate)]
+        if finite:
+            return finite[-1].metrics.p90_e2el_ms / 1000
+        return min(DRAIN_GUESS_S, measured[-1].metrics.median_e2el_ms / 1000) if measured else DRAIN_GUESS_S
 
-    def level(name: LevelName, rate: float, warmup: int = 0, seed: int | None = None) -> LevelOutcome:
-        index = len(levels)
+    def least(self, rate_per_s: float) -> int:
+        return least_requests(self.plan, rate_per_s, self.drain_s())
+
+    def run(self, name: LevelName, rate: float, warmup: int = 0, seed: int | None = None,
+            decisive: bool = False) -> LevelOutcome | None:
+        """Send one level and keep its outcome; None (and `cut` set) when it could not reach a verdict before the
+        budget's end. A `decisive` level is sized as if the trial held no rate yet (`LevelBudget.requests`)."""
+        plan, index = self.plan, len(self.levels)
         seed = index if seed is None else seed
         requests = plan.level_sets[index % len(plan.level_sets)]
         n = min(plan.levels.requests, len(requests) - warmup)
         if name == LevelName.CAPACITY and plan.objective == "goodput":  # only an upper bound for the rate search
             n = min(n, 3 * plan.levels.min_requests)
+        per_s = requests_per_s(plan, rate)
+        now, end = self.clock.time(), self.end()
+        if math.isfinite(rate) and self.budget is not None:
+            least = min(n, self.least(per_s))
+            sized = self.budget.requests(now, end, per_s, n, least, self.drain_s(),
+                                         decided=any(lv.verdict != Decision.UNDECIDED and math.isfinite(lv.rate)
+                                                     for lv in self.levels),
+                                         holds=not decisive and any(lv.passed and math.isfinite(lv.rate)
+                                                                    for lv in self.levels))
+            if isinstance(sized, str):
+                self.cut = (f"time limit: a {name} level at {rate:.2f} {plan.workload.rate_unit} needs {least} "
+                            f"requests (~{duration(least / per_s)}), {sized}")
+                return None
+            n = sized
+        elif now >= end:
+            self.cut = f"time limit: no time left for the {name} level"
+            return None
+        deadline = self.budget.deadline if self.budget is not None else None
+        box = CAPACITY_S if name == LevelName.CAPACITY and plan.objective == "goodput" else None
         for attempt in range(2):  # a level the client could not send on time is sent once more
-            if on_level:
-                on_level(name, rate, n + warmup)
-            reset_prefix_cache(engine.base_url)
+            if self.on_level:
+                self.on_level(name, rate, n + warmup)
             test = (LevelTest(plan.slo, first=min(plan.levels.min_requests, n), cap=n, first_index=warmup,
                               confidence=plan.levels.confidence)
                     if plan.slo and math.isfinite(rate) else None)
-            saturated = saturation_check(plan.slo, requests_per_s(plan, rate), n) if math.isfinite(rate) else None
-            stop = LevelStop(test, saturated, deadline)
+            saturated = saturation_check(plan.slo, per_s, n, self.clock) if math.isfinite(rate) else None
+            stop = LevelStop(test, saturated, deadline, box, self.clock)
             shape = LoadShape(request_rate=rate, burstiness=plan.workload.burstiness,
                               max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
                               request_timeout_s=plan.levels.request_timeout_s)
-            result = measure_level(target, requests[: n + warmup], shape, on_record=on_record, should_stop=stop)
+            result = self.server.level(requests[: n + warmup], shape, self.on_record, stop)
             if not result.metrics.client_lagging or stop.why == "time limit":
                 break
-        records = out_dir / f"level-{index:02d}.records.jsonl"
+        if stop.why == "time limit":
+            self.cut = f"time limit: the {name} level at {rate:.2f} {plan.workload.rate_unit} was stopped at the deadline"
+        if name == LevelName.CAPACITY and result.metrics.completed:
+            rate_per_s = max(result.metrics.request_throughput, completion_rate(result.load.records) or 0.0)
+            self.capacity = rate_per_s / requests_per_s(plan, 1.0)
+        records = self.out_dir / f"level-{index:02d}.records.jsonl"
         result.load.save(records)
-        levels.append(_level_outcome(name, rate, seed, result, stop, plan.slo, records.name, attempt + 1))
-        return levels[-1]
-
-    def time_left() -> bool:
-        return deadline is None or time.time() < deadline
-
-    if plan.fixed_levels:  # a head-to-head: every (rate, seed) as given, the first with warm-up requests
-        for i, (rate, seed) in enumerate(plan.fixed_levels):
-            if not engine.alive():
-                break
-            if not time_left():
-                return None, True
-            level(LevelName.CONFIRM, rate, warmup=warmup_requests if i == 0 else 0, seed=seed)
-        return None, False
-    capacity = level(LevelName.CAPACITY, math.inf, warmup=warmup_requests)
-    if plan.objective != "goodput":
-        return None, False
-    search = RateSearch(capacity.metrics.request_throughput / requests_per_s(plan, 1.0), plan.levels.resolution,
-                        plan.levels.max_levels)
-    if math.isfinite(plan.workload.request_rate):
-        if not time_left():
-            return search, True
-        at_target = level(LevelName.TARGET, plan.workload.request_rate)
-        search.tell(at_target.rate, at_target.passed)
-    while (rate := search.next_rate()) is not None and engine.alive():
-        if not time_left():
-            return search, True
-        search.tell(rate, level(LevelName.SEARCH, rate).passed)
-    return search, False
+        self.levels.append(_level_outcome(name, rate, seed, result, stop, plan.slo, records.name, attempt + 1))
+        return self.levels[-1]
 
 
 def _level_outcome(name: LevelName, rate: float, seed: int, result, stop: LevelStop, slo: dict[str, float],
@@ -303,26 +411,27 @@ def _level_outcome(name: LevelName, rate: float, seed: int, result, stop: LevelS
                         rejected=rejected_requests(result.metrics) + short, attempts=attempts)
 
 
+def failed_far(level: LevelOutcome) -> bool:
+    """Whether a level failed by far: saturated, or an SLO's test shows at least FAR_OVER of its requests (gaps)
+    over the bound. The rate search steps down further after it (`RateSearch.step_far`)."""
+    return level.verdict == Decision.FAIL and (level.stopped == "saturated"
+                                               or any(t.low >= FAR_OVER for t in level.tests))
+
+
 def _search_result(levels: list[LevelOutcome], search: RateSearch | None) -> dict[str, Any]:
-    """A search trial's headline figures: capacity, the goodput rate and its bracket (goodput objective),
-    the p99s at the highest passing level (else at capacity), preemptions and rejected requests in all."""
-    capacity = next(lv for lv in levels if lv.name == LevelName.CAPACITY)
-    result: dict[str, Any] = {"request_throughput": capacity.metrics.request_throughput}
+    """A search trial's headline figures: capacity (None: not measured), the goodput rate (None: none passed) and
+    its bracket (goodput objective), the p99s at the highest passing level (else at capacity, else at the first
+    level), preemptions and rejected requests in all."""
+    capacity = next((lv for lv in levels if lv.name == LevelName.CAPACITY and lv.metrics.completed), None)
+    result: dict[str, Any] = {"request_throughput": capacity.metrics.request_throughput if capacity else None}
     if search is not None:
         result |= {"goodput_rate": search.goodput_rate, "goodput_bracket": search.bracket}
     passing = [lv for lv in levels if lv.passed and math.isfinite(lv.rate)]
-    decisive = max(passing, key=lambda lv: lv.rate) if passing else capacity
+    decisive = max(passing, key=lambda lv: lv.rate) if passing else capacity or levels[0]
+    measured = decisive.metrics.completed > 0
     return result | {
-        "p99_ttft_ms": decisive.metrics.p99_ttft_ms, "p99_tpot_ms": decisive.metrics.p99_tpot_ms,
+        "p99_ttft_ms": decisive.metrics.p99_ttft_ms if measured else None,
+        "p99_tpot_ms": decisive.metrics.p99_tpot_ms if measured else None,
         "preemptions": sum((lv.server or {}).get("num_preemptions", 0) for lv in levels),
         "rejected_requests": sum(lv.rejected for lv in levels),
     }
-
-
-def reset_prefix_cache(base_url: str) -> None:
-    """Empty the prefix cache (needs VLLM_SERVER_DEV_MODE=1, which the launcher sets) so no level is
-    helped by the prompts of another; the levels also send fresh prompts."""
-    try:
-        httpx.post(base_url + "/reset_prefix_cache", timeout=30)
-    except httpx.HTTPError:
-        pass

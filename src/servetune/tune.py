@@ -4,7 +4,9 @@ defaults (`confirm`). Within a time limit (`timelimit`) it launches only what st
 and at every stop (the end, the time limit, an interrupt) the outputs are written again (`report`), with the
 tune's state, so a run stopped at any moment leaves its best answer."""
 
+import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -14,7 +16,8 @@ import optuna
 from optuna.trial import TrialState
 
 from servetune import __version__
-from servetune.confirm import candidates_of, decide, deciding_level, head_to_head_job, run_head_to_head
+from servetune.confirm import (candidates_of, decide, deciding_level, failed_at_or_below, head_to_head_job,
+                               run_head_to_head)
 from servetune.engine import InstalledVllm
 from servetune.errors import ServetuneError
 from servetune.dispatch import Dispatch, Finished
@@ -23,7 +26,7 @@ from servetune.jsonio import check_writable
 from servetune.memory import ModelShape
 from servetune.outcome import TrialOutcome
 from servetune.report import publish
-from servetune.results import Results, Summary, beats, trial_row
+from servetune.results import Results, Summary, TrialRow, beats, trial_row
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
@@ -32,12 +35,14 @@ from servetune.search.strategies import REGISTRY, Strategy, make_strategy, sugge
 from servetune.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, read_trial,
                               write_trial)
 from servetune.study import StudyLock, check_storage, default_storage, open_study, trial_dir
-from servetune.timelimit import TimePlan, duration
-from servetune.trial import LevelOptions, TrialPlan
+from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
+from servetune.trial import DRAIN_GUESS_S, LevelOptions, Race, TrialPlan, least_requests, requests_per_s
+from servetune.verdict import Decision
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
+OUT_OF_TIME = "not launched"  # how `not_done` says the time limit left trials of the budget unlaunched
 
 
 @dataclass(frozen=True)
@@ -89,28 +94,45 @@ class Hooks:
     def note(self, text: str) -> None: ...  # the time plan, a stop
 
 
-def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = None) -> Summary:
-    """Run (or resume) a study until `budget` servers were launched or the time limit leaves no room for
-    another, then the head-to-head; returns the summary (`results.Summary`), written with the other outputs
-    (`report.publish`) after every trial and at the end. With `parallel` > 1 or a `ray_address`, several
-    trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one those
-    options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`) the outputs are written with
+@dataclass(frozen=True)
+class Runtime:
+    """What a tune runs on, the real things by default: its clock, the writer of its outputs (after every trial and
+    at every stop), the prompt builder and the study's storage. The simulated engine (`servetune.testing.simengine`)
+    runs tunes on its own clock, without the report's charts, with each workload's prompts built once for many
+    tunes and the study in memory."""
+
+    clock: Clock = time
+    publish: Callable[[Results, Path], object] = publish
+    build_requests: Callable[..., list[RequestSpec]] = build_requests
+    storage: optuna.storages.BaseStorage | None = None  # Optuna storage instead of the study URL's
+
+
+def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = None,
+         runtime: Runtime = Runtime()) -> Summary:
+    """Run (or resume) a study until `budget` servers were launched, the strategy has nothing left, or the time
+    limit holds no other launch, then the head-to-head; returns the summary (`results.Summary`), written with the
+    other outputs (`report.publish`) after every trial and at the end. With `parallel` > 1 or a `ray_address`,
+    several trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one
+    those options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`) the outputs are written with
     state `interrupted` and the exception goes on."""
-    clock = TimePlan(opts.time_limit_s, head_to_head=opts.confirm and opts.objective == "goodput",
-                     level_requests=opts.levels.requests + opts.levels.warmup_requests)
+    clock = TimePlan(opts.time_limit_s, budget_trials=opts.budget, clock=runtime.clock)
     lock = _lock(opts)
     tuner = executor_made = None
     try:
-        tokenizer, sets, model_len = _prepare(opts)
+        tokenizer, sets, model_len = _prepare(opts, runtime.build_requests)
         executor = executor_made = executor or make_executor(opts.parallel, opts.ray_address, hooks.level_started,
                                                              hooks.record)
-        proposer = Proposer.open(opts, executor, sets, model_len)
+        proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage)
         clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
-        tuner = Tuner(proposer, Dispatch(executor), hooks, clock)
+        tuner = Tuner(proposer, Dispatch(executor), hooks, clock, runtime)
         tuner.publish("running")
-        tuner.search()
-        if opts.confirm and opts.objective == "goodput":
+        while True:
+            out_of_time = tuner.search()
+            if not (opts.confirm and opts.objective == "goodput"):
+                break
             tuner.confirm(tokenizer)
+            if not (out_of_time and tuner.room_after_head_to_head()):
+                break
         return tuner.publish("time-limit" if tuner.not_done else "complete")
     except KeyboardInterrupt:
         if tuner is not None:
@@ -133,13 +155,14 @@ def _lock(opts: TuneOptions) -> StudyLock:
     return StudyLock(opts.out, opts.storage or default_storage(opts.out)).acquire()
 
 
-def _prepare(opts: TuneOptions) -> tuple[Any, list[list[RequestSpec]], ModelLenBounds]:
+def _prepare(opts: TuneOptions, build: Callable[..., list[RequestSpec]]) -> tuple[Any, list[list[RequestSpec]],
+                                                                                  ModelLenBounds]:
     """(tokenizer, request sets, max-model-len bounds): everything a bad model path, dataset, workload or study
     storage fails on, before the vLLM probe (seconds) or any launch."""
     check_storage(opts.storage or default_storage(opts.out), opts.resume)
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
     count = opts.levels.requests + opts.levels.warmup_requests
-    sets = [build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=count)
+    sets = [build(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=count)
             for k in range(opts.levels.max_levels + 2)]
     return tokenizer, sets, _model_len(opts, sets, tokenizer)
 
@@ -197,8 +220,8 @@ class Proposer:
     typical_prompt: int
 
     @classmethod
-    def open(cls, opts: TuneOptions, executor: Executor, sets: list[list[RequestSpec]],
-             model_len: ModelLenBounds) -> "Proposer":
+    def open(cls, opts: TuneOptions, executor: Executor, sets: list[list[RequestSpec]], model_len: ModelLenBounds,
+             backend: optuna.storages.BaseStorage | None = None) -> "Proposer":
         """Probe vLLM, build the search space, open (or resume) the study with its meta and queue the defaults
         and the reference configs it has not measured yet."""
         vllm = executor.probe()
@@ -217,7 +240,7 @@ class Proposer:
             confirm=opts.confirm, min_model_len=opts.min_model_len)
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == "throughput" and bool(opts.slo), slo=tuple(opts.slo))
-        record = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume)
+        record = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume, backend)
         if memory is not None and _launches(record):  # resumed: refit on the launches already made
             memory.observe(_launches(record))
         roles = {t.record.role for t in record.trials()}
@@ -298,68 +321,97 @@ class Tuner:
     running: Dispatch  # the trials in flight on the executor
     hooks: Hooks
     clock: TimePlan
+    runtime: Runtime = Runtime()
     not_done: list[str] = field(default_factory=list)  # what the time limit (or a stop) left undone
 
     def publish(self, state: str) -> Summary:
         """Record the tune's state in the study, read its results once and write every output from them;
         returns the summary."""
         record, opts = self.proposer.record, self.proposer.opts
+        next_trial_s = round(self.clock.trial_s(self.next_trial().first_level_s), 1) if opts.time_limit_s else None
         record.write_progress(Progress(state=state, not_done=self.not_done, time_limit_s=opts.time_limit_s,
-                                       elapsed_s=round(self.clock.elapsed(), 1)))
+                                       elapsed_s=round(self.clock.elapsed(), 1), next_trial_s=next_trial_s))
         results = Results(record)
         try:
-            publish(results, opts.out)
+            self.runtime.publish(results, opts.out)
         except OSError as e:  # the study keeps everything: `servetune report` writes them later
             self.hooks.note(f"could not write the outputs in {opts.out}: {e}")
         return results.summary
 
-    def search(self) -> None:
+    def search(self) -> bool:
         """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
-        were launched or the next trial no longer fits the time limit; tell the study each outcome as it
-        returns and write the outputs."""
+        were launched, the strategy has nothing left, or no launch and first deciding level fit the time left
+        (then True, with what was not launched in `not_done`); tell the study each outcome as it returns and write
+        the outputs."""
         record, budget, clock, running = self.proposer.record, self.proposer.opts.budget, self.clock, self.running
+        self.not_done = [item for item in self.not_done if f"trials {OUT_OF_TIME}:" not in item]
         held: Launch | None = None  # proposed, waiting for devices to free up
         announced = None  # the held trial's number once told to the hooks
         skipped = 0
         if clock.deadline is not None:
-            self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured())))
+            self.hooks.note(clock.describe(self.next_trial().first_level_s, budget - len(record.measured())))
         while True:
             left = budget - len(record.measured()) - len(running.running)
             if held is None and running.free and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
-                if not clock.can_launch(_best_rate(record)):
+                nxt = self.next_trial()
+                if record.measured() or running.running:  # the first trial runs whatever the time: it says what a trial costs
+                    fits = clock.can_launch(nxt.first_level_s, nxt.reserve_s)
+                else:
+                    fits = clock.remaining() > 0
+                if not fits:
                     if not running.running:
-                        self._out_of_time(left)
-                        return
+                        self._out_of_time(left, nxt)
+                        return True
                 else:
                     proposal = self.proposer.next()
-                    if isinstance(proposal, Skip):
+                    if proposal is None:
+                        if not running.running:
+                            return False
+                    elif isinstance(proposal, Skip):
                         skipped += 1
                         if not proposal.duplicate:  # duplicates are TPE's noise, not news
                             self.hooks.trial_skipped(proposal.number, proposal.config, proposal.reason)
                         continue
-                    held = proposal
+                    else:
+                        held = proposal
             if held is not None and announced != held.job.number:  # before submit: `Inline` runs the trial in it
                 self.hooks.trial_started(held.job.number, held.job.config, read_trial(held.trial).why or "")
                 announced = held.job.number
             if held is not None:
-                launch = replace(held, job=replace(held.job, deadline=clock.trial_deadline(_best_rate(record), left)))
-                if running.submit(launch.job, launch):
+                nxt = self.next_trial()
+                job = replace(held.job, plan=replace(held.job.plan, race=nxt.race), budget=clock.budget(
+                    reserve_s=nxt.reserve_s, keep=nxt.keep, next_trial_s=clock.trial_s(nxt.first_level_s),
+                    after=left - 1, baseline=read_trial(held.trial).role == "default"))
+                if running.submit(job, replace(held, job=job)):
                     skipped, held = 0, None
                     continue
             if not running.running:
-                return
+                return False
             for finished in running.wait():
                 self._record(finished)
             self.publish("running")
             if clock.deadline is not None:
-                self.hooks.note(clock.describe(_best_rate(record), budget - len(record.measured())
-                                               - len(running.running)))
+                self.hooks.note(clock.describe(self.next_trial().first_level_s,
+                                               budget - len(record.measured()) - len(running.running),
+                                               self.next_trial().reserve_s))
 
-    def _out_of_time(self, left: int) -> None:
+    def next_trial(self) -> "NextTrial":
+        """What the next trial would start with, from what the study measured (`NextTrial`)."""
+        return next_trial(self.proposer.record, self.proposer.plan, self.clock, self.proposer.opts.confirm)
+
+    def _out_of_time(self, left: int, nxt: "NextTrial") -> None:
         budget = self.proposer.opts.budget
-        self.not_done.append(f"{left} of {budget} trials not launched: the time limit left no room for another "
-                             f"(~{duration(self.clock.trial_s())} each) and the head-to-head")
+        need = duration(self.clock.trial_s(nxt.first_level_s))
+        self.not_done.append(f"{left} of {budget} trials {OUT_OF_TIME}: the {duration(self.clock.remaining())} left "
+                             f"hold no launch and first deciding level (~{need})"
+                             + (" beside the head-to-head" if nxt.reserve_s else ""))
         self.hooks.note(f"time limit: {self.not_done[-1]}")
+
+    def room_after_head_to_head(self) -> bool:
+        """Whether a trial fits again now that the head-to-head ran (it kept its time for a level that passes;
+        the defaults' level often fails in seconds)."""
+        nxt = self.next_trial()
+        return self.clock.can_launch(nxt.first_level_s, nxt.reserve_s)
 
     def _record(self, finished: Finished[Launch]) -> None:
         """Tell the study a finished trial's outcome. A trial whose worker died, or that the time limit stopped
@@ -370,29 +422,34 @@ class Tuner:
             record.requeue(record.trial(job.number), f"worker lost: {finished.lost}")
             hooks.trial_lost(job.number, finished.lost)
             return
-        self.clock.observe(out.wall_s, out.startup.ready_s if out.startup else None)
+        if out.startup is not None and out.startup.ready_s is not None:
+            self.clock.observe_launch(out.startup.ready_s)
         if out.cut_short and not out.levels:
+            write_trial(trial, outcome=out)  # its launch took time (`results.time_spent`); it runs again on --resume
             record.requeue(record.trial(job.number), "stopped by the time limit")
             self.not_done.append(f"trial {job.number} was stopped by the time limit before it measured anything: "
                                  "queued for --resume")
             hooks.trial_lost(job.number, "stopped by the time limit before it measured anything")
             return
         if out.cut_short:
-            self.not_done.append(f"trial {job.number}'s rate search was cut short by the time limit")
+            self.not_done.append(f"trial {job.number}'s rate search was cut short ({out.cut_short})")
         out = out.model_copy(update={"artifacts": str(job.out_dir.relative_to(proposer.opts.out))})
         write_trial(trial, outcome=out)
         if proposer.memory is not None and out.startup and out.startup.kv_cache_tokens:
             record.write_calibration(proposer.memory.observe(_launches(record)))
-        if out.ok:
+        value = (out.goodput_rate or 0.0) if proposer.opts.objective == "goodput" else out.request_throughput
+        if out.ok and value is not None:
             write_trial(trial, constraints=_constraints(out, proposer.opts.slo))
-            record.study.tell(trial, out.goodput_rate if proposer.opts.objective == "goodput" else out.request_throughput)
+            record.study.tell(trial, value)
         else:
             record.study.tell(trial, state=TrialState.PRUNED)  # TPE ranks a failed config below every measured one
         hooks.trial_finished(job.number, out)
 
     def confirm(self, tokenizer) -> None:
-        """The head-to-head (`servetune.confirm`): the defaults at the pick's goodput rate, stored in the study
-        as its `confirmation`. A resumed study that measured nothing new keeps the confirmation it has."""
+        """The head-to-head (`servetune.confirm`): is the pick better than vLLM's defaults at the pick's rate? Decided
+        by the defaults' own search where it failed at or below that rate, else by the defaults launched again and
+        measured there; stored in the study as its `confirmation`. A resumed study that measured nothing new keeps
+        the confirmation it has."""
         record, opts, plan = self.proposer.record, self.proposer.opts, self.proposer.plan
         measured = record.measured()
         trials = len(measured)
@@ -404,29 +461,98 @@ class Tuner:
             return
         candidates = candidates_of(rows, default, lambda row, base: beats(row, base, "goodput"))
         pick = candidates[0] if candidates else None
-        head_to_head = pick_level = None
+        level = pick_level = missing = wall_s = None
+        method = "head-to-head"
         if pick is not None:
             pick_level = deciding_level(record.trial(pick.trial).outcome, pick.goodput_rate)
-            if self.clock.remaining() < self.clock.launch_s() + STOP_S_MIN:
-                self.not_done.append("the head-to-head with the defaults: the time limit came first")
+            level = failed_at_or_below(record.trial(default.trial).outcome, pick.goodput_rate)
+            if level is not None:
+                method = "search"
             else:
-                level_set = build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
-                                           count=plan.levels.requests + plan.levels.warmup_requests)
-                job = head_to_head_job(default, pick.goodput_rate, plan, level_set, opts.out, self.clock.deadline)
-                head_to_head = run_head_to_head(job, self.running, self.hooks)
-                if head_to_head.cut_short:
-                    self.not_done.append("the head-to-head with the defaults was cut short by the time limit")
-        decided = decide(pick, default, head_to_head, pick_level, opts.workload.rate_unit)
-        record.write_confirmation(decided.model_copy(update={"search_trials": trials}))
+                outcome = self._head_to_head(default, pick, tokenizer)
+                wall_s = outcome.wall_s if outcome is not None else None
+                level = outcome.levels[0] if outcome is not None and outcome.levels else None
+                missing = ("the time limit came first" if outcome is None
+                           else str(outcome.failure) if outcome.failure else None)
+        decided = decide(pick, default, level, pick_level, opts.workload.rate_unit, method=method, missing=missing)
+        record.write_confirmation(decided.model_copy(update={"search_trials": trials, "wall_s": wall_s}))
+
+    def _head_to_head(self, default: TrialRow, pick: TrialRow, tokenizer) -> TrialOutcome | None:
+        """The defaults launched again and measured at the pick's rate, when that fits the time left (None: it
+        does not, which `not_done` says)."""
+        opts, plan = self.proposer.opts, self.proposer.plan
+        if self.clock.remaining() < self.clock.launch_s() + STOP_S:  # the trial sizes its level to what is left
+            need = self.next_trial().head_to_head_s(pick.goodput_rate)
+            self.not_done.append(f"the head-to-head with the defaults (~{duration(need)}): the time limit came first")
+            return None
+        level_set = self.runtime.build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
+                                                count=plan.levels.requests + plan.levels.warmup_requests)
+        job = head_to_head_job(default, pick.goodput_rate, plan, level_set, opts.out,
+                               self.clock.budget(reserve_s=0.0, keep=None, next_trial_s=0.0, after=0,
+                                                 baseline=True))
+        outcome = run_head_to_head(job, self.running, self.hooks)
+        if outcome.cut_short:
+            self.not_done.append(f"the head-to-head with the defaults was cut short ({outcome.cut_short})")
+        return outcome
 
 
-STOP_S_MIN = 30.0  # the least time worth starting the head-to-head with, beyond a launch
+@dataclass(frozen=True)
+class NextTrial:
+    """What the next trial starts with: its race (None: a full search), the time its first deciding level takes, the
+    time kept for a head-to-head that is needed already (`reserve_s`), and the head-to-head's cost (`cost`), kept
+    once a pass of the trial's makes it needed (`keep`: the cost with the window of rates where it would be)."""
+
+    race: Race | None
+    first_level_s: float
+    cost: Keep
+    per_s: float  # req/s per rate unit
+    reserve_s: float = 0.0
+    keep: Keep | None = None
+
+    def head_to_head_s(self, rate: float) -> float:
+        """The defaults launched again and a deciding level at `rate` (the study's unit)."""
+        return self.cost.seconds(rate * self.per_s)
 
 
-def _best_rate(record: StudyRecord) -> float | None:
-    """The highest goodput rate measured so far (req/s): what a head-to-head would run at."""
-    rates = [t.outcome.goodput_rate for t in record.measured() if t.outcome.ok and t.outcome.goodput_rate]
-    return max(rates, default=None)
+def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: bool) -> NextTrial:
+    """The next trial's start (`NextTrial`) from the study's measured trials."""
+    measured = [t for t in record.measured() if t.outcome.ok]
+    per_s = requests_per_s(plan, 1.0)
+    incumbent = max((t for t in measured if t.outcome.goodput_rate), key=lambda t: t.outcome.goodput_rate,
+                    default=None)
+    drain = _drain_s(incumbent.outcome) if incumbent else DRAIN_GUESS_S
+    if incumbent is not None and plan.objective == "goodput":
+        rate = incumbent.outcome.goodput_rate
+        race = Race(rate, (incumbent.outcome.goodput_bracket or (rate, None))[1])
+        first = least_requests(plan, rate * per_s, drain) / (rate * per_s) + drain
+    else:
+        race = None
+        capacities = [lv.metrics.duration for t in measured for lv in t.outcome.levels if lv.name == "capacity"]
+        first = statistics.median(capacities) if capacities else GUESS_CAPACITY_S
+    cost = Keep(low=0.0, high=math.inf, launch_s=clock.launch_s(), requests=least_requests(plan, 0.0, 0.0),
+                drain_s=drain)
+    nxt = NextTrial(race, first, cost, per_s)
+    default = next((t for t in measured if t.record.role == "default"), None)
+    if not confirm or plan.objective != "goodput" or default is None:
+        return nxt
+    low = (default.outcome.goodput_bracket or (0.0, 0.0))[1] if default.outcome.goodput_rate else 0.0
+    high = min((lv.rate for lv in default.outcome.levels if lv.verdict == Decision.FAIL and math.isfinite(lv.rate)),
+               default=math.inf)
+    keep = replace(cost, low=low, high=high)
+    pending = [t for t in measured if t.number != default.number and t.outcome.goodput_rate
+               and keep.applies(t.outcome.goodput_rate)]
+    pick = max(pending, key=lambda t: t.outcome.goodput_rate, default=None)
+    decided = record.confirmation
+    if pick is None or (decided is not None and decided.pick is not None and decided.pick.trial == pick.number
+                        and decided.head_to_head is not None):
+        return replace(nxt, keep=keep)  # nothing waits for a head-to-head, or the one it waited for has run
+    return replace(nxt, reserve_s=nxt.head_to_head_s(pick.outcome.goodput_rate), keep=keep)
+
+
+def _drain_s(outcome: TrialOutcome) -> float:
+    """The p90 end-to-end latency (s) at a trial's goodput rate."""
+    level = deciding_level(outcome, outcome.goodput_rate)
+    return level.metrics.p90_e2el_ms / 1000 if level is not None else DRAIN_GUESS_S
 
 
 def _launches(record: StudyRecord) -> list[tuple[dict, int]]:
@@ -435,6 +561,8 @@ def _launches(record: StudyRecord) -> list[tuple[dict, int]]:
 
 
 def _constraints(out: TrialOutcome, slo: dict[str, float]) -> list[float]:
-    """Optuna constraints (<= 0 is feasible): each p99 over its SLO, at the capacity level."""
-    metrics = out.capacity.metrics
-    return [latency(k).p99(metrics) - v for k, v in slo.items()] or [0.0]
+    """Optuna constraints (<= 0 is feasible): each p99 over its SLO, at the capacity level (none measured: none)."""
+    capacity = out.capacity
+    if capacity is None or not capacity.metrics.completed:
+        return [0.0]
+    return [latency(k).p99(capacity.metrics) - v for k, v in slo.items()] or [0.0]

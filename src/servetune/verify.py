@@ -23,7 +23,7 @@ from servetune.errors import ServetuneError
 from servetune.jsonio import write_json
 from servetune.loadgen import LoadShape, RequestRecord, Target, run_load_sync
 from servetune.slo import latency, parse_slo
-from servetune.trial import reset_prefix_cache
+from servetune.server import reset_prefix_cache
 from servetune.verdict import LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 

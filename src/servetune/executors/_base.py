@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from servetune.engine import InstalledVllm
 from servetune.outcome import TrialOutcome
+from servetune.timelimit import LevelBudget
 from servetune.trial import TrialPlan, run_trial
 
 
@@ -19,7 +20,7 @@ class Job:
     config: dict[str, Any]
     plan: TrialPlan
     out_dir: Path
-    deadline: float | None = None  # epoch s: the trial stops there, keeping what it measured
+    budget: LevelBudget | None = None  # the time it may spend (None: no time limit)
 
     @property
     def devices(self) -> int:
@@ -39,7 +40,7 @@ def run_job(job: Job) -> TrialOutcome:
     """A worker's whole task: the trial's outcome (its paths relative to `job.out_dir`). Every executor
     takes another `work` in its place: the contract suite (`servetune.testing.executors`) runs stand-ins that
     return, raise or die."""
-    return run_trial(job.plan, job.config, job.out_dir, deadline=job.deadline)
+    return run_trial(job.plan, job.config, job.out_dir, budget=job.budget)
 
 
 class Executor(Protocol):

@@ -21,7 +21,7 @@ class Inline:
         self.work = work or self._run_trial
 
     def _run_trial(self, job: Job) -> TrialOutcome:
-        return run_trial(job.plan, job.config, job.out_dir, deadline=job.deadline, on_level=self.on_level,
+        return run_trial(job.plan, job.config, job.out_dir, budget=job.budget, on_level=self.on_level,
                          on_record=self.on_record)
 
     def probe(self) -> InstalledVllm:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 
@@ -72,9 +72,10 @@ class LoadResult:
         header = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
         tmp = path.with_name(f".{path.name}.tmp")
         try:
+            names = [f.name for f in fields(RequestRecord)]  # its fields hold no dataclasses: no `asdict` deep copy
             with open(tmp, "w") as out:
                 out.write(json.dumps(header) + "\n")
-                out.writelines(json.dumps(asdict(r)) + "\n" for r in self.records)
+                out.writelines(json.dumps({name: getattr(r, name) for name in names}) + "\n" for r in self.records)
             tmp.replace(path)
         except BaseException:
             tmp.unlink(missing_ok=True)

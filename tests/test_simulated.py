@@ -1,0 +1,76 @@
+"""The real tuner, time plan, trials and verdicts against the simulated engine on a simulated clock
+(`servetune.testing.simengine`): generated scenarios, each a whole tune with a time limit, from a very slow CPU to a
+fast GPU, configs that fail to start, SLOs where chunking, load or both decide. Every tune must end with an answer
+and use its time; where a config clearly beats the defaults and a deciding level of it is short, a 15-minute tune
+must name it. `bench/simulate.py` runs 1,000 of them (docs/results/simulated.md)."""
+
+import json
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servetune.testing.simengine import Scenario, draw_scenario, judge, simulate
+
+SCENARIOS = range(120)  # seeds of the 15-minute scenarios
+USED = 0.9  # of the limit, unless the budget or the strategy ended the tune, or what is left holds no trial
+NAMED = 0.6  # of the scenarios with a short deciding level where a ladder config beats the defaults by 1.3x
+
+TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None  # outputs are written after every trial
+
+
+def run(scenario: Scenario, model: Path) -> dict:
+    """One simulated tune and what the tests check of it."""
+    with tempfile.TemporaryDirectory(dir=TMP) as out:
+        result = simulate(scenario, model, Path(out) / "out")
+        written = json.loads((Path(out) / "out" / "summary.json").read_text())
+    judged = judge(scenario, result)
+    time = result.summary.time
+    return {"seed": scenario.seed, "answer": result.summary.answer, "written": written["answer"],
+            "state": result.summary.state, "used": result.elapsed_s / scenario.limit_s, "ended_by": result.ended_by,
+            "unused_s": time.unused_s, "next_trial_s": time.next_trial_s, "decidable": judged.decidable,
+            "named": judged.named}
+
+
+@pytest.fixture(scope="module")
+def tunes(tiny_model) -> list[dict]:
+    with ProcessPoolExecutor(2) as pool:
+        return list(pool.map(run, [draw_scenario(seed) for seed in SCENARIOS], [tiny_model] * len(SCENARIOS)))
+
+
+def test_every_tune_ends_with_an_answer_written_where_it_says(tunes):
+    for tune in tunes:
+        assert tune["answer"] and tune["answer"] == tune["written"], tune["seed"]
+        assert tune["state"] in ("complete", "time-limit"), tune["seed"]
+        assert "None" not in tune["answer"] and "nan" not in tune["answer"], tune
+
+
+def test_a_tune_uses_its_time_unless_its_budget_or_its_search_ended_or_no_trial_fits(tunes):
+    for tune in tunes:
+        if tune["ended_by"] == "time":
+            assert tune["used"] >= USED or tune["unused_s"] <= tune["next_trial_s"], tune
+
+
+def test_a_clearly_better_config_with_short_deciding_levels_is_named(tunes):
+    decidable = [t for t in tunes if t["decidable"]]
+    named = [t for t in decidable if t["named"]]
+    assert len(decidable) >= 15 and len(named) >= NAMED * len(decidable), (len(named), len(decidable))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), limit_s=st.floats(30, 3600), budget=st.integers(1, 6),
+       fail_share=st.sampled_from([0.0, 0.3, 1.0]), cold_s=st.floats(10, 1200), capacity=st.floats(0.05, 200),
+       strategy=st.sampled_from(["optuna", "seed", "grid"]))
+def test_any_scenario_ends_with_an_answer(tiny_model, seed, limit_s, budget, fail_share, cold_s, capacity, strategy):
+    """Edges the drawn scenarios seldom reach: a limit shorter than the first launch, every config failing to
+    start, a budget of one, a server a hundred times too slow."""
+    scenario = replace(draw_scenario(seed, limit_s=limit_s), budget=budget, fail_share=fail_share, cold_s=cold_s,
+                       capacity=capacity, strategy=strategy)
+    tune = run(scenario, tiny_model)
+    assert tune["answer"] and tune["answer"] == tune["written"]
+    assert tune["used"] <= 1.0 + 60 / limit_s  # a level or a launch may end at most a stop's time past it
