@@ -75,7 +75,7 @@ class BenchArgs(_Args):
             raise UsageError("--engine-arg needs --launch")
         model = local_model(self.model) if self.launch else self.model
         return BenchOptions(json_out=self.json_out, model=model, workload=self._workload(), base_url=self.base_url,
-                            goodput_slo=self._goodput_slo(), engine_args=pairs(self.engine_arg, "--engine-arg"),
+                            goodput_slo=self._goodput_slo(), engine_args=engine_args(self.engine_arg),
                             tokenizer=self.tokenizer, warmup=self.warmup, request_timeout_s=request_timeout_s)
 
     def _workload(self) -> "WorkloadSpec":
@@ -172,13 +172,14 @@ class TuneArgs(_Args):
         levels = LevelOptions(requests=self.level_requests, min_requests=self.min_level_requests,
                               max_levels=self.max_levels, confidence=self.confidence,
                               request_timeout_s=self.request_timeout)
+        with about("--reference-config"):
+            references = [read_config_yaml(path) for path in self.reference_config]
         opts = TuneOptions(
             model=local_model(self.model), workload=load_workload(self.workload), out=self.out, slo=slos,
             objective=self.objective, strategy=self.strategy, budget=self.budget, storage=self.study,
-            resume=self.resume, engine_args=pairs(self.engine_arg, "--engine-arg"),
-            references=[read_config_yaml(path) for path in self.reference_config], optional_knobs=tuple(self.knob),
-            tokenizer=self.tokenizer, levels=levels, seed=self.seed, parallel=self.parallel,
-            ray_address=self.ray_address, confirm=self.confirm, time_limit_s=time_limit_s,
+            resume=self.resume, engine_args=engine_args(self.engine_arg), references=references,
+            optional_knobs=tuple(self.knob), tokenizer=self.tokenizer, levels=levels, seed=self.seed,
+            parallel=self.parallel, ray_address=self.ray_address, confirm=self.confirm, time_limit_s=time_limit_s,
             min_model_len=self.min_model_len)
         check_timeout(opts.levels.request_timeout_s)
         return opts
@@ -334,6 +335,22 @@ def pairs(values: Sequence[str], option: str) -> dict[str, Any]:
         return parse_pairs(list(values))
 
 
+def engine_args(values: Sequence[str]) -> dict[str, Any]:
+    """--engine-arg's `key=value` pairs, each value checked against what its declaration takes (`knobs.checked`)."""
+    return checked_args(pairs(values, "--engine-arg"), "--engine-arg")
+
+
+def checked_args(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """Engine args with each value checked against what its declaration takes (`knobs.checked`); UsageError naming
+    `where`, the argument and what it takes, for the first bad one."""
+    from servetune.knobs import checked
+
+    try:
+        return {key: checked(key, value) for key, value in args.items()}
+    except ValueError as e:
+        raise UsageError(f"{where}: {e}") from None
+
+
 def check_timeout(request_timeout: float | None) -> float | None:
     if request_timeout is not None and not request_timeout > 0:
         raise UsageError(f"--request-timeout: {request_timeout:g} is not a positive number of seconds")
@@ -360,13 +377,16 @@ def local_model(model: str) -> str:
 
 
 def read_config_yaml(path: Path) -> dict[str, Any]:
-    """Engine args from a `vllm serve --config` YAML file (its `model` key is ignored)."""
+    """Engine args from a `vllm serve --config` YAML file (its `model` key is ignored), read within bounds
+    (`safeyaml`), each value checked against what its declaration takes."""
     import yaml
 
+    from servetune import safeyaml
+
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise UsageError(f"{path}: cannot read the config: {e}") from None
-    if not isinstance(data, dict):
+        data = safeyaml.load_file(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, safeyaml.TooBig) as e:
+        raise UsageError(f"{path}: cannot read the config: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise UsageError(f"{path}: a vLLM config file is a mapping of flag names to values")
-    return {k.replace("-", "_"): v for k, v in data.items() if k != "model"}
+    return checked_args({k.replace("-", "_"): v for k, v in data.items() if k != "model"}, str(path))

@@ -17,7 +17,8 @@ class RequestRecord:
     for freed (0 if it did not wait): the request was free to go at the later of the two.
     `error` is `"<kind>: <detail>"` (kinds: `http_<status>`, `connect`, `timeout` (no byte for the request
     timeout), `disconnect`, `stream`, `short` (a stream that ended before `expected_output_len` tokens, which
-    `ignore_eos` asks for), `client`, `cancelled`); None means the request succeeded.
+    `ignore_eos` asks for), `overrun` (a stream that went on well past them without ending), `client`,
+    `cancelled`); None means the request succeeded.
     """
 
     index: int
