@@ -182,7 +182,17 @@ class TuneArgs(_Args):
             parallel=self.parallel, ray_address=self.ray_address, confirm=self.confirm, time_limit_s=time_limit_s,
             min_model_len=self.min_model_len)
         check_timeout(opts.levels.request_timeout_s)
+        self._check_study()
         return opts
+
+    def _check_study(self) -> None:
+        """--study readable as SQLAlchemy reads it (its password remembered, so that nothing prints it), and a
+        study in the storage exactly when --resume is given: checked without writing anything, so that a refused
+        --resume leaves no --out directory behind."""
+        from servetune.study import check_storage, default_storage
+
+        check_study_url(self.study)
+        check_storage(self.study or default_storage(self.out), self.resume)
 
     def _time_limit_s(self) -> float | None:
         from servetune.timelimit import parse_duration
@@ -226,6 +236,7 @@ class ReportArgs(_Args):
         """The study's storage URL, once `out` is known to be writable."""
         from servetune.study import default_storage
 
+        check_study_url(self.study)
         try:
             check_writable(self.out / "report.html")
         except OSError as e:
@@ -349,6 +360,20 @@ def checked_args(args: dict[str, Any], where: str) -> dict[str, Any]:
         return {key: checked(key, value) for key, value in args.items()}
     except ValueError as e:
         raise UsageError(f"{where}: {e}") from None
+
+
+def check_study_url(study: str | None) -> None:
+    """A --study URL SQLAlchemy reads as it was meant, its password remembered so that no message prints it."""
+    from servetune.redact import misread_password, remember
+    from servetune.study import storage_url
+
+    if study is None:
+        return
+    remember(study)
+    if misread_password(study):
+        raise UsageError("--study: the password holds an unescaped '@' (SQLAlchemy would take what follows it for "
+                         "the host): write it as %40")
+    storage_url(study)
 
 
 def check_timeout(request_timeout: float | None) -> float | None:
