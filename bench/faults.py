@@ -521,7 +521,7 @@ def leftovers(locks_before: set[str]) -> str:
     port, fd = launcher.reserve_port()
     launcher.release_port(port, fd)
     procs = vllm_processes()
-    locks = set(os.listdir(launcher._PORT_LOCKS)) - locks_before if launcher._PORT_LOCKS.exists() else set()
+    locks = set(os.listdir(launcher.port_locks())) - locks_before if launcher.port_locks().exists() else set()
     return ", ".join([*(p.split()[0] + " " + p.split()[1] for p in procs), *sorted(locks)]) or "none"
 
 
@@ -554,7 +554,7 @@ def main() -> None:
             parser.error(f"no probe name contains {' or '.join(map(repr, args.only))}")
     rows = []
     for name, expected, probe in probes:
-        locks_before = set(os.listdir(launcher._PORT_LOCKS)) if launcher._PORT_LOCKS.exists() else set()
+        locks_before = set(os.listdir(launcher.port_locks())) if launcher.port_locks().exists() else set()
         with tempfile.TemporaryDirectory(prefix="servetune-fault-") as tmp:
             started = time.monotonic()
             try:

@@ -42,10 +42,11 @@ class Held(StandIn):
         return future
 
 
-def options(model, out: Path, storage: str, **kw) -> TuneOptions:
-    return TuneOptions(model=str(model), workload=WorkloadSpec.model_validate(WORKLOAD), out=out, storage=storage,
-                       slo={"tpot_p99_ms": 25}, strategy="grid", budget=1, confirm=False,
-                       levels=LevelOptions(requests=20, max_levels=1), **kw)
+def options(model, out: Path, storage: str | None, **kw) -> TuneOptions:
+    """A one-trial grid tune of the tiny model (`kw` overrides), no head-to-head."""
+    return TuneOptions(**{"model": str(model), "workload": WorkloadSpec.model_validate(WORKLOAD), "out": out,
+                          "storage": storage, "slo": {"tpot_p99_ms": 25}, "strategy": "grid", "budget": 1,
+                          "confirm": False, "levels": LevelOptions(requests=20, max_levels=1), **kw})
 
 
 def refused_while_tuned(tiny_model, tmp_path: Path, storage: str) -> str:

@@ -236,12 +236,13 @@ class StudyLock:
         if url.get_backend_name() == "postgresql":
             return None
         key = f"{url.render_as_string(hide_password=True)} {STUDY_NAME}"
+        locks = Path(tempfile.gettempdir()) / "servetune-study-locks"  # sticky and world-writable, like /tmp
         try:
-            _LOCKS.mkdir()
-            _LOCKS.chmod(0o1777)  # mkdir's mode is cut by the umask
+            locks.mkdir()
+            locks.chmod(0o1777)  # mkdir's mode is cut by the umask
         except FileExistsError:
             pass
-        return _LOCKS / f"study-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
+        return locks / f"study-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
 
     def _take(self, path: Path, what: str, then: str) -> None:
         """Flock `path` (made if missing) and write who holds it; StudyError naming the holder if another
@@ -307,9 +308,6 @@ class StudyLock:
             path.unlink(missing_ok=True)  # before unlocking: a tuner that opened it now retries (`_take`)
             os.close(fd)  # the flock goes with it
         self.held = []
-
-
-_LOCKS = Path(tempfile.gettempdir()) / "servetune-study-locks"  # sticky and world-writable, like /tmp
 
 
 def _holder(since: bool = True) -> str:

@@ -24,7 +24,6 @@ from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 _GUARD = Path(__file__).with_name("_guard.py")
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
-_PORT_LOCKS = Path(tempfile.gettempdir()) / "servetune-port-locks"  # sticky and world-writable, like /tmp
 _PORT_IN_USE = "Address already in use"
 LAUNCH_TRIES = 3  # launches that lost their port to another process before ready are tried again
 
@@ -35,6 +34,12 @@ class EngineFailed(RuntimeError):
     def __init__(self, failure: LaunchFailure):
         super().__init__(f"{failure.kind}: {failure.reason}")
         self.failure = failure
+
+
+def port_locks() -> Path:
+    """The directory of the port locks, sticky and world-writable like /tmp (found when first needed: a full
+    temporary directory fails the reservation, not the import)."""
+    return Path(tempfile.gettempdir()) / "servetune-port-locks"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,15 +55,16 @@ def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
     running side by side, in one servetune or several, of any user, from handing the same port to two
     servers. The lock directory is sticky and world-writable like /tmp, and a lock file is opened read-only,
     so one user's files serve every user."""
+    locks = port_locks()
     try:
-        _PORT_LOCKS.mkdir()
-        _PORT_LOCKS.chmod(0o1777)  # mkdir's mode is cut by the umask
+        locks.mkdir()
+        locks.chmod(0o1777)  # mkdir's mode is cut by the umask
     except FileExistsError:
         pass
     _sweep_stale_locks()
     while True:
         port = free_port(host)
-        path = _PORT_LOCKS / f"{port}.lock"
+        path = locks / f"{port}.lock"
         fd = os.open(path, os.O_CREAT | os.O_RDONLY, 0o444)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -71,7 +77,7 @@ def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
 
 def _sweep_stale_locks() -> None:
     """Remove the lock files nobody holds: those of a servetune that was killed (SIGKILL) before releasing."""
-    for path in _PORT_LOCKS.glob("*.lock"):
+    for path in port_locks().glob("*.lock"):
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
@@ -89,7 +95,7 @@ def _sweep_stale_locks() -> None:
 def release_port(port: int, fd: int) -> None:
     """Remove the lock file `reserve_port` made (others' files in the sticky directory stay) and unlock."""
     try:
-        (_PORT_LOCKS / f"{port}.lock").unlink()
+        (port_locks() / f"{port}.lock").unlink()
     except OSError:
         pass
     os.close(fd)
