@@ -1,8 +1,9 @@
-"""Launch a vLLM OpenAI-compatible server, wait until it is ready, and always stop it."""
+"""Launch a vLLM OpenAI-compatible server that only servetune may use, wait until it is ready, and always stop it."""
 
 import atexit
 import fcntl
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,6 +24,10 @@ from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, 
 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 _GUARD = Path(__file__).with_name("_guard.py")
+_SERVERSIDE = Path(__file__).with_name("serverside")  # on the server's PYTHONPATH: its access middleware
+ACCESS_MIDDLEWARE = "servetune_access.RequireSecret"
+SECRET_ENV = "SERVETUNE_SERVER_SECRET"  # serverside/servetune_access.py reads it
+SECRET_USER = "servetune"
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _PORT_IN_USE = "Address already in use"
 LAUNCH_TRIES = 3  # launches that lost their port to another process before ready are tried again
@@ -115,7 +120,15 @@ def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[st
 
 
 class Engine:
-    """One vLLM server process group on a free loopback port; a context manager that stops it on exit."""
+    """One vLLM server process group on a free loopback port; a context manager that stops it on exit.
+
+    The server serves only who holds its `secret`, made for this launch: every request, the development routes
+    that VLLM_SERVER_DEV_MODE=1 opens for /reset_prefix_cache included, is refused (401) without it
+    (serverside/servetune_access.py, loaded with vLLM's --middleware). The secret goes to the server in its
+    environment (another user can read a command line, not an environment), and to clients in `base_url`, as
+    its user info (`http://servetune:SECRET@127.0.0.1:PORT`), which httpx and aiohttp send as basic
+    authentication: whatever reaches the server through `base_url` is let in. `address` is the URL without it.
+    """
 
     def __init__(
         self,
@@ -139,25 +152,36 @@ class Engine:
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
+        self.secret = secrets.token_urlsafe(32)
+
+    @property
+    def address(self) -> str:
+        """The server's URL, without its secret."""
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The server's URL with its secret as user info: what servetune's clients send requests to."""
+        return f"http://{SECRET_USER}:{self.secret}@{self.host}:{self.port}"
 
     def argv(self) -> list[str]:
         return [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--host", self.host, "--port", str(self.port),
-            *to_argv(self.engine_args),
+            "--middleware", ACCESS_MIDDLEWARE, *to_argv(self.engine_args),
         ]
 
     def env(self) -> dict[str, str]:
+        """The server's environment: this one's, vLLM's settings, `extra_env`, and the access middleware's
+        directory and secret (which nothing overrides)."""
         env = dict(os.environ)
         env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                     "PYTHONUNBUFFERED": "1"})
         if self.vllm.on_cpu:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
         env.update(self.extra_env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SERVERSIDE), env.get("PYTHONPATH")]))
+        env[SECRET_ENV] = self.secret
         return env
 
     def start(self) -> StartupFacts:
