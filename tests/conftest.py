@@ -159,7 +159,8 @@ def postgres_bin() -> Path:
     if not found and (spec := importlib.util.find_spec("pgserver")) is not None:
         found = [Path(spec.origin).parent / "pginstall" / "bin" / "initdb"]
     if not found:
-        pytest.fail("PostgreSQL server binaries not found; install Debian's postgresql package (`make test` does as root)")
+        pytest.fail("PostgreSQL server binaries not found; install Debian's postgresql package (`make test` does "
+                    "as root)")
     return found[-1].parent
 
 
@@ -262,8 +263,8 @@ def ray_head(num_cpus: int = 2, num_gpus: int = 0) -> Iterator[tuple[str, int]]:
     head = subprocess.Popen([Path(sys.executable).with_name("ray"), "start", "--head", "--port", str(port),
                              "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--include-dashboard", "false",
                              "--disable-usage-stats", "--temp-dir", temp],
-                            env=os.environ | {"RAY_AUTH_MODE": "disabled"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            env=os.environ | {"RAY_AUTH_MODE": "disabled"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
     try:
         _, err = head.communicate(timeout=90)
         assert head.returncode == 0, err.decode()[-2000:]

@@ -190,14 +190,11 @@ def _measure(target: Target, requests: list[RequestSpec], opts: BenchOptions, ru
 def _save_finished(finished: list[RequestRecord], opts: BenchOptions, run: BenchRun, hooks: BenchHooks) -> None:
     """The records of a stopped level and its metrics over the requests that finished (`interrupted`)."""
     spec = opts.workload
-    timed = [r for r in finished if not r.warmup]
-    done = [r for r in timed if r.ok]  # requests cut by the stop are kept in the records as failed
-    if all(r.error_kind == "cancelled" for r in timed):
+    load = LoadResult.stopped(finished, spec.request_rate, spec.burstiness, spec.max_concurrency)
+    if load is None:
         hooks.note("no request had finished before the interrupt: nothing written")
         return
-    load = LoadResult(sorted(finished, key=lambda r: r.index), spec.request_rate, spec.burstiness,
-                      spec.max_concurrency, min(r.scheduled_ns for r in timed), max(r.end_ns for r in timed),
-                      stopped_early=True)
+    done = [r for r in load.records if r.ok and not r.warmup]
     records, records_problem = _save_records(load, opts.records_path)
     stopped = run.model_copy(update={"metrics": summarize(load, opts.goodput_slo or None), "interrupted": True})
     results, results_problem = write_or_beside(opts.json_out, lambda where: write_json(where, stopped.to_json()),

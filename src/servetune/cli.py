@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from rich.markup import escape
 
 from servetune.console import (BenchProgress, TuneProgress, console, progress_bar, result_table, say, show_bench,
-                               verify_table)
+                               verify_table, warn)
 from servetune.errors import ServetuneError
 from servetune.options import (BenchArgs, DemoArgs, MemoryArgs, ModelTinyArgs, ReportArgs, TuneArgs, UsageError,
                                VerifyArgs)
@@ -223,12 +223,16 @@ def verify(args: VerifyArgs) -> None:
     try:
         with one_line_errors():
             plan, json_out = args.resolve()
-            result = run_verify(plan, json_out, on_stage=lambda stage: say(f"{stage} ..."))
+            if plan.tune_note:
+                warn(plan.tune_note)
+            result = run_verify(plan, json_out, on_stage=lambda stage: say(f"{stage} ..."), on_note=say)
     except EngineFailed as e:
         not_started(e)
     except KeyboardInterrupt as e:
         interrupted(e)
     console.print(verify_table(result))
+    if result.misplaced:  # a full disk: the results are where this says, not at --json
+        fail("; ".join(result.misplaced), code=1)
     say(f"results: {json_out}")
     if result.vllm is None:
         fail(result.vllm_failure, code=1)

@@ -299,7 +299,8 @@ class VerifyArgs(_Args):
         if tuned is None and (missing := [name for name, value in needed.items() if value is None]):
             raise UsageError(f"{', '.join(missing)}: needed without --out TUNE_DIR")
         if self.rate is None and tuned.rate is None:
-            raise UsageError(f"--rate: needed: the tune in {self.out} recommends no rate")
+            raise UsageError(f"--out: the tune in {self.out} holds no rate (no config held the SLOs at a rate it "
+                             "measured, or it tuned throughput): give --rate to verify its config at a rate you choose")
         with about("--slo"):
             slos = parse_slo(pairs(self.slo, "--slo")) if self.slo else tuned.slo if tuned else {}
         with about("--config"):
@@ -311,7 +312,8 @@ class VerifyArgs(_Args):
             spec = WorkloadSpec.model_validate(spec.model_dump() | {"request_rate": rate,
                                                                     "num_requests": self.num_prompts})
         with about("--workload" if self.workload is not None else "--out"):
-            plan = VerifyPlan(model=model, config=engine_args, workload=spec, slo=slos)
+            plan = VerifyPlan(model=model, config=engine_args, workload=spec, slo=slos,
+                              tune_note=tuned.note if tuned else None)
         json_out = self.json_out or self.out / "verify.json"
         writable(json_out, "--json")
         return plan, json_out

@@ -82,6 +82,17 @@ class LoadResult:
             raise
 
     @classmethod
+    def stopped(cls, finished: list[RequestRecord], request_rate: float, burstiness: float,
+                max_concurrency: int | None) -> LoadResult | None:
+        """The level a stop cut short, from the records that `finished` (those cut by the stop kept as failed);
+        None when no timed request had finished."""
+        timed = [r for r in finished if not r.warmup]
+        if all(r.error_kind == "cancelled" for r in timed):
+            return None
+        return cls(sorted(finished, key=lambda r: r.index), request_rate, burstiness, max_concurrency,
+                   min(r.scheduled_ns for r in timed), max(r.end_ns for r in timed), stopped_early=True)
+
+    @classmethod
     def load(cls, path: str | Path) -> LoadResult:
         """Read what `save` wrote."""
         with open(path) as src:
