@@ -5,6 +5,7 @@ record with its outcome, the study's meta, progress and head-to-head); each tria
 `OUT/trials/NNNN/` (server log, per-level request records).
 """
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -203,12 +204,13 @@ class StudyLock:
     directory (this host only); the output directory by `out/.servetune.lock`. A lock file is flocked (released
     when the process ends, however it ends, so a crash leaves no stale lock) and holds who took it. A second
     tuner gets StudyError naming the holder; a lock file that cannot be written (a full disk) is removed and
-    said in one line."""
+    said in one line. `made_out`: the tuner made the output directory, which is removed on release (a refusal
+    included) if nothing was written into it."""
 
     FILE = ".servetune.lock"
 
-    def __init__(self, out: Path, storage: str):
-        self.out, self.storage = out, storage
+    def __init__(self, out: Path, storage: str, made_out: bool = False):
+        self.out, self.storage, self.made_out = out, storage, made_out
         self.held: list[tuple[Path, int]] = []  # (lock file, its descriptor)
         self.connection = None
 
@@ -308,6 +310,9 @@ class StudyLock:
             path.unlink(missing_ok=True)  # before unlocking: a tuner that opened it now retries (`_take`)
             os.close(fd)  # the flock goes with it
         self.held = []
+        if self.made_out:
+            with contextlib.suppress(OSError):  # not empty: the tune wrote its outputs there
+                self.out.rmdir()
 
 
 def _holder(since: bool = True) -> str:
