@@ -186,13 +186,15 @@ class TuneArgs(_Args):
         return opts
 
     def _check_study(self) -> None:
-        """--study readable as SQLAlchemy reads it (its password remembered, so that nothing prints it), and a
-        study in the storage exactly when --resume is given: checked without writing anything, so that a refused
-        --resume leaves no --out directory behind."""
+        """--study readable as SQLAlchemy reads it (its password remembered, so that nothing prints it), and with
+        --resume a study in the storage: checked without writing anything, so that a --resume with nothing to
+        resume leaves no --out directory behind. (A study found without --resume is refused once its lock is
+        taken: a tuner holding it is named.)"""
         from servetune.study import check_storage, default_storage
 
         check_study_url(self.study)
-        check_storage(self.study or default_storage(self.out), self.resume)
+        if self.resume:
+            check_storage(self.study or default_storage(self.out), resume=True)
 
     def _time_limit_s(self) -> float | None:
         from servetune.timelimit import parse_duration
