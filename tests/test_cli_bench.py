@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import vllm_processes
+from servetune.redact import redact
 
 SERVETUNE = [sys.executable, "-m", "servetune"]
 
@@ -56,8 +57,10 @@ def test_bench_refuses_prompts_longer_than_a_real_servers_context(vllm_server, t
     proc = run("bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model, "--input-len", "8522",
                "--output-len", "8", "--num-prompts", "2", "--json", str(out), timeout=120)
     assert proc.returncode == 2
+    shown = redact(vllm_server.base_url)  # its secret, the URL's user info, is not printed
+    assert shown.startswith("http://servetune:***@127.0.0.1:") and vllm_server.secret not in proc.stderr
     assert error_line(proc) == (
-        f"error: 2 of 2 requests are longer than the max-model-len of the server at {vllm_server.base_url} (4096 "
+        f"error: 2 of 2 requests are longer than the max-model-len of the server at {shown} (4096 "
         "tokens): the longest (8522 prompt + 8 output tokens) needs 8530; vLLM would refuse them or cut their "
         "replies short: shorten the workload")
     assert scrape.scrape(vllm_server.base_url)["prompt_tokens"] == before and not out.exists()

@@ -65,10 +65,14 @@ def _start_expecting_failure(engine: Engine) -> EngineFailed:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_server_never_outlives_servetune(tiny_model, tmp_path, sig):
-    """Kill the launching process while vLLM starts: its whole process group goes too."""
+    """Kill the launching process while vLLM starts: its whole process group goes too. The script takes SIGINT as
+    a terminal's Ctrl-C does (KeyboardInterrupt) however the tests were started: a background job (a script's
+    `cmd &`) starts them, and so this child, with SIGINT ignored."""
     script = textwrap.dedent(f"""
+        import signal
         from pathlib import Path
         from servetune.engine import Engine
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         Engine({str(tiny_model)!r}, {{}}, Path({str(tmp_path / 'server.log')!r})).start()
     """)
     before = set(vllm_processes())

@@ -5,19 +5,10 @@ are in tests/test_executors.py; tests/test_parallel_e2e.py runs real trials.
 
 `-k "not RayCluster"` leaves Ray out, and its start-up (~15 s here) with it."""
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pytest
 
-from conftest import wait_for
+from conftest import listening, loopback_only, ray_head, session_pids
 from servetune.engine import InstalledVllm
-from servetune.engine.launcher import free_port
 from servetune.executors import Inline, LocalPool
 from servetune.testing import executors as contract
 from servetune.testing.executors import ExecutorContract
@@ -52,53 +43,33 @@ class TestRayCluster(ExecutorContract):
     devices = RAY_GPUS
 
     @pytest.fixture
-    def executor_factory(self, ray_head):
+    def executor_factory(self, ray_head_address):
         from servetune.executors.cluster import RayCluster
 
-        return lambda slots, work: RayCluster(ray_head, slots, work=work)
+        return lambda slots, work: RayCluster(ray_head_address, slots, work=work)
 
 
 @pytest.fixture(scope="module")
-def ray_head():
-    """A local Ray head (2 CPUs, 2 declared GPUs) in its own session, for this module; its address. Token
-    authentication is off: `ray start` turns it on when ~/.ray/auth_token exists, and a driver given an address
-    sends no token unless RAY_AUTH_MODE=token. The stand-in goes to Ray's workers by value: they import servetune
-    as installed in the venv, which need not be this checkout (nor hold `servetune.testing`). Every process of the
-    session is killed at the end (`ray stop` stops every Ray on the host)."""
+def ray_session():
+    """A local Ray head (2 CPUs, 2 declared GPUs) on loopback only, for this module (conftest's `ray_head`): (its
+    address, its session id). The stand-in goes to Ray's workers by value: they import servetune as installed in
+    the venv, which need not be this checkout (nor hold `servetune.testing`)."""
     cloudpickle = pytest.importorskip("ray.cloudpickle")
     cloudpickle.register_pickle_by_value(contract)
-    port, temp = free_port(), tempfile.mkdtemp(prefix="/tmp/ray-")
-    head = subprocess.Popen([Path(sys.executable).with_name("ray"), "start", "--head", "--port", str(port),
-                             "--num-cpus", "2", "--num-gpus", str(RAY_GPUS), "--include-dashboard", "false",
-                             "--disable-usage-stats", "--temp-dir", temp],
-                            env=os.environ | {"RAY_AUTH_MODE": "disabled"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
     try:
-        _, err = head.communicate(timeout=90)
-        assert head.returncode == 0, err.decode()[-2000:]
-        yield f"127.0.0.1:{port}"
+        with ray_head(num_gpus=RAY_GPUS) as head:
+            yield head
     finally:
         cloudpickle.unregister_pickle_by_value(contract)
-        head.kill()
-        head.wait()
-        for pid in _session(head.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        gone = wait_for(lambda: not _session(head.pid), 30)
-        shutil.rmtree(temp, ignore_errors=True)
-        assert gone, f"Ray processes left behind: {_session(head.pid)}"
 
 
-def _session(sid: int) -> list[int]:
-    """The live processes of session `sid`."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, _, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
-        except OSError:
-            continue
-        if int(session) == sid and state != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
+@pytest.fixture(scope="module")
+def ray_head_address(ray_session) -> str:
+    return ray_session[0]
+
+
+def test_the_test_ray_cluster_listens_on_loopback_only(ray_session):
+    address, sid = ray_session
+    addresses = listening(set(session_pids(sid)))
+    assert any(a.endswith(f":{address.split(':')[1]}") for a in addresses), addresses  # GCS among them
+    assert loopback_only(addresses), addresses

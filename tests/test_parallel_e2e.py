@@ -2,22 +2,16 @@
 a real PostgreSQL server, where a worker is killed mid-trial and its trial runs again. Both studies must read
 like a sequential one."""
 
-import importlib.util
 import json
-import os
 import re
-import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import vllm_processes, wait_for
-from servetune.engine.launcher import free_port
+from conftest import postgres_server, ray_head, vllm_processes, wait_for
 from servetune.record import StudyRecord
 from servetune.study import STUDY_NAME
 from test_tune_e2e import WORKLOAD, tune_args
@@ -26,51 +20,18 @@ pytestmark = pytest.mark.vllm
 ONE_LEVEL = ("--max-levels", "1")  # the capacity and one rate: these tests are about where trials run, not rates
 
 
-def postgres_bin() -> Path:
-    """Debian's PostgreSQL server binaries, else the pgserver wheel's (`make test` installs one of them)."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not found and (spec := importlib.util.find_spec("pgserver")) is not None:
-        found = [Path(spec.origin).parent / "pginstall" / "bin" / "initdb"]
-    if not found:
-        pytest.fail("PostgreSQL server binaries not found; install Debian's postgresql package (`make test` does as root)")
-    return found[-1].parent
-
-
 @pytest.fixture(scope="module")
 def postgres():
     """A real PostgreSQL server on loopback, in a scratch directory, for this module; its storage URL."""
-    bin_dir, data = postgres_bin(), Path(tempfile.mkdtemp(prefix="servetune-pg-"))
-    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_owner:
-        shutil.chown(data, "postgres")
-    port = free_port()
-    subprocess.run([*as_owner, bin_dir / "initdb", "-D", data / "db", "-A", "trust", "-U", "postgres"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_owner, bin_dir / "pg_ctl", "-D", data / "db", "-l", data / "log", "-w", "start", "-o",
-                    f"-p {port} -k {data} -c listen_addresses=127.0.0.1"], check=True, capture_output=True)
-    try:
-        subprocess.run([bin_dir / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "servetune"],
-                       check=True, capture_output=True)
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/servetune"
-    finally:
-        subprocess.run([*as_owner, bin_dir / "pg_ctl", "-D", data / "db", "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(data, ignore_errors=True)
+    with postgres_server() as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray cluster (a head node with 2 CPUs and no GPU); its address."""
-    ray = Path(sys.executable).with_name("ray")
-    port, temp = free_port(), tempfile.mkdtemp(prefix="/tmp/ray-")
-    subprocess.run([ray, "start", "--head", "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
-                    "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp],
-                   check=True, capture_output=True)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True)
-        shutil.rmtree(temp, ignore_errors=True)
+    """A local Ray cluster (a head node with 2 CPUs and no GPU) on loopback only; its address."""
+    with ray_head() as (address, _):
+        yield address
 
 
 @pytest.fixture(scope="module")

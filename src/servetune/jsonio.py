@@ -1,13 +1,17 @@
 """Strict JSON out: infinite rates as "inf" (JSON has no Infinity), paths and enums as text. Every output is
-written whole or not at all (a temporary file renamed into place): a stopped run never leaves a truncated one."""
+written whole or not at all (a temporary file renamed into place): a stopped run never leaves a truncated one, and a
+full disk leaves the file that was there before."""
 
 import errno
 import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+PROBE_BYTES = 4096  # what `check_writable` writes: a disk already full is refused before the work
 
 
 def jsonable(value: Any) -> Any:
@@ -40,26 +44,42 @@ def write_json(path: Path, value: Any) -> None:
 
 
 def check_writable(path: Path) -> None:
-    """Make `path`'s directory and check a file can be written there as `path`, before any work that would
-    be lost if it could not: OSError (with the path) otherwise."""
+    """Make `path`'s directory and check that a file of PROBE_BYTES can be written there as `path`, before any
+    work that would be lost if it could not (a full disk too): OSError (with the path) otherwise, and the
+    directories it made removed."""
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "it is a directory")
     existing = next(p for p in path.parents if p.exists())
     if not existing.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, f"{existing} is a file, not a directory")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".check")
-    os.close(fd)
-    os.unlink(tmp)
-
-
-def write_json_or_beside(path: Path, value: Any) -> Path:
-    """`write_json` to `path`; if that fails (a full disk, a directory gone read-only), to a file of the same
-    name in the temporary directory instead. Returns where it went."""
+    made = [p for p in path.parents if not p.exists()]
     try:
-        write_json(path, value)
-        return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".check")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(bytes(PROBE_BYTES))
+        finally:
+            os.unlink(tmp)
     except OSError:
+        for directory in made:  # the deepest first
+            if directory.exists():
+                directory.rmdir()
+        raise
+
+
+def write_or_beside(path: Path, write: Callable[[Path], None], what: str) -> tuple[Path | None, str | None]:
+    """`write(path)`; if that fails (a full disk, a directory gone read-only), `write` to a file of the same name in
+    the temporary directory instead. (Where it went, None if nowhere; None, or a sentence saying where `what` is
+    and why not at `path`.)"""
+    try:
+        write(path)
+        return path, None
+    except OSError as e:
+        failed = f"{what} could not be written to {path} ({e.strerror or e})"
+    try:
         fallback = Path(tempfile.gettempdir()) / f"servetune-{os.getpid()}-{path.name}"
-        write_json(fallback, value)
-        return fallback
+        write(fallback)
+    except OSError as e:
+        return None, f"{failed} nor to the temporary directory ({e.strerror or e})"
+    return fallback, f"{failed}; they are in {fallback}"

@@ -75,7 +75,7 @@ class BenchArgs(_Args):
             raise UsageError("--engine-arg needs --launch")
         model = local_model(self.model) if self.launch else self.model
         return BenchOptions(json_out=self.json_out, model=model, workload=self._workload(), base_url=self.base_url,
-                            goodput_slo=self._goodput_slo(), engine_args=pairs(self.engine_arg, "--engine-arg"),
+                            goodput_slo=self._goodput_slo(), engine_args=engine_args(self.engine_arg),
                             tokenizer=self.tokenizer, warmup=self.warmup, request_timeout_s=request_timeout_s)
 
     def _workload(self) -> "WorkloadSpec":
@@ -172,16 +172,29 @@ class TuneArgs(_Args):
         levels = LevelOptions(requests=self.level_requests, min_requests=self.min_level_requests,
                               max_levels=self.max_levels, confidence=self.confidence,
                               request_timeout_s=self.request_timeout)
+        with about("--reference-config"):
+            references = [read_config_yaml(path) for path in self.reference_config]
         opts = TuneOptions(
             model=local_model(self.model), workload=load_workload(self.workload), out=self.out, slo=slos,
             objective=self.objective, strategy=self.strategy, budget=self.budget, storage=self.study,
-            resume=self.resume, engine_args=pairs(self.engine_arg, "--engine-arg"),
-            references=[read_config_yaml(path) for path in self.reference_config], optional_knobs=tuple(self.knob),
-            tokenizer=self.tokenizer, levels=levels, seed=self.seed, parallel=self.parallel,
-            ray_address=self.ray_address, confirm=self.confirm, time_limit_s=time_limit_s,
+            resume=self.resume, engine_args=engine_args(self.engine_arg), references=references,
+            optional_knobs=tuple(self.knob), tokenizer=self.tokenizer, levels=levels, seed=self.seed,
+            parallel=self.parallel, ray_address=self.ray_address, confirm=self.confirm, time_limit_s=time_limit_s,
             min_model_len=self.min_model_len)
         check_timeout(opts.levels.request_timeout_s)
+        self._check_study()
         return opts
+
+    def _check_study(self) -> None:
+        """--study readable as SQLAlchemy reads it (its password remembered, so that nothing prints it), and with
+        --resume a study in the storage: checked without writing anything, so that a --resume with nothing to
+        resume leaves no --out directory behind. (A study found without --resume is refused once its lock is
+        taken: a tuner holding it is named.)"""
+        from servetune.study import check_storage, default_storage
+
+        check_study_url(self.study)
+        if self.resume:
+            check_storage(self.study or default_storage(self.out), resume=True)
 
     def _time_limit_s(self) -> float | None:
         from servetune.timelimit import parse_duration
@@ -225,6 +238,7 @@ class ReportArgs(_Args):
         """The study's storage URL, once `out` is known to be writable."""
         from servetune.study import default_storage
 
+        check_study_url(self.study)
         try:
             check_writable(self.out / "report.html")
         except OSError as e:
@@ -287,7 +301,8 @@ class VerifyArgs(_Args):
         if tuned is None and (missing := [name for name, value in needed.items() if value is None]):
             raise UsageError(f"{', '.join(missing)}: needed without --out TUNE_DIR")
         if self.rate is None and tuned.rate is None:
-            raise UsageError(f"--rate: needed: the tune in {self.out} recommends no rate")
+            raise UsageError(f"--out: the tune in {self.out} holds no rate (no config held the SLOs at a rate it "
+                             "measured, or it tuned throughput): give --rate to verify its config at a rate you choose")
         with about("--slo"):
             slos = parse_slo(pairs(self.slo, "--slo")) if self.slo else tuned.slo if tuned else {}
         with about("--config"):
@@ -299,7 +314,8 @@ class VerifyArgs(_Args):
             spec = WorkloadSpec.model_validate(spec.model_dump() | {"request_rate": rate,
                                                                     "num_requests": self.num_prompts})
         with about("--workload" if self.workload is not None else "--out"):
-            plan = VerifyPlan(model=model, config=engine_args, workload=spec, slo=slos)
+            plan = VerifyPlan(model=model, config=engine_args, workload=spec, slo=slos,
+                              tune_note=tuned.note if tuned else None)
         json_out = self.json_out or self.out / "verify.json"
         writable(json_out, "--json")
         return plan, json_out
@@ -334,6 +350,36 @@ def pairs(values: Sequence[str], option: str) -> dict[str, Any]:
         return parse_pairs(list(values))
 
 
+def engine_args(values: Sequence[str]) -> dict[str, Any]:
+    """--engine-arg's `key=value` pairs, each value checked against what its declaration takes (`knobs.checked`)."""
+    return checked_args(pairs(values, "--engine-arg"), "--engine-arg")
+
+
+def checked_args(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """Engine args with each value checked against what its declaration takes (`knobs.checked`); UsageError naming
+    `where`, the argument and what it takes, for the first bad one."""
+    from servetune.knobs import checked
+
+    try:
+        return {key: checked(key, value) for key, value in args.items()}
+    except ValueError as e:
+        raise UsageError(f"{where}: {e}") from None
+
+
+def check_study_url(study: str | None) -> None:
+    """A --study URL SQLAlchemy reads as it was meant, its password remembered so that no message prints it."""
+    from servetune.redact import misread_password, remember
+    from servetune.study import storage_url
+
+    if study is None:
+        return
+    remember(study)
+    if misread_password(study):
+        raise UsageError("--study: the password holds an unescaped '@' (SQLAlchemy would take what follows it for "
+                         "the host): write it as %40")
+    storage_url(study)
+
+
 def check_timeout(request_timeout: float | None) -> float | None:
     if request_timeout is not None and not request_timeout > 0:
         raise UsageError(f"--request-timeout: {request_timeout:g} is not a positive number of seconds")
@@ -360,13 +406,16 @@ def local_model(model: str) -> str:
 
 
 def read_config_yaml(path: Path) -> dict[str, Any]:
-    """Engine args from a `vllm serve --config` YAML file (its `model` key is ignored)."""
+    """Engine args from a `vllm serve --config` YAML file (its `model` key is ignored), read within bounds
+    (`safeyaml`), each value checked against what its declaration takes."""
     import yaml
 
+    from servetune import safeyaml
+
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise UsageError(f"{path}: cannot read the config: {e}") from None
-    if not isinstance(data, dict):
+        data = safeyaml.load_file(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, safeyaml.TooBig) as e:
+        raise UsageError(f"{path}: cannot read the config: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise UsageError(f"{path}: a vLLM config file is a mapping of flag names to values")
-    return {k.replace("-", "_"): v for k, v in data.items() if k != "model"}
+    return checked_args({k.replace("-", "_"): v for k, v in data.items() if k != "model"}, str(path))

@@ -5,12 +5,14 @@ record with its outcome, the study's meta, progress and head-to-head); each tria
 `OUT/trials/NNNN/` (server log, per-level request records).
 """
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import socket
 import sqlite3
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,13 +23,22 @@ from optuna.trial import TrialState
 
 from servetune.errors import StudyError
 from servetune.record import StudyMeta, StudyRecord
-from servetune.redact import redact
+from servetune.redact import redact, shown_url
 
 __all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_storage", "default_storage", "open_study",
-           "requeue_interrupted", "sqlite_file", "study_exists", "trial_dir"]
+           "requeue_interrupted", "sqlite_file", "storage_url", "study_exists", "trial_dir", "tuner_of"]
 
 STUDY_NAME = "servetune"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def storage_url(storage: str) -> sqlalchemy.engine.URL:
+    """`storage` read as SQLAlchemy reads it; StudyError, one line, for text that is not a database URL."""
+    try:
+        return sqlalchemy.engine.make_url(storage)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        raise StudyError(f"--study: {redact(storage)} is not a database URL (e.g. sqlite:///study.db, "
+                         "postgresql+psycopg://user@host/db)") from None
 
 
 def default_storage(out: Path) -> str:
@@ -64,7 +75,7 @@ def study_exists(storage: str, read_only: bool = False) -> bool:
         finally:
             engine.dispose()
     except Exception as e:  # a storage we cannot open: the caller reports it
-        raise StudyError(redact(f"cannot open study storage {storage}: {_first_line(e)}")) from None
+        raise StudyError(f"cannot open study storage {shown_url(storage)}: {redact(_first_line(e))}") from None
 
 
 def _first_line(e: Exception) -> str:
@@ -114,10 +125,10 @@ def check_storage(storage: str, resume: bool) -> bool:
     needs `resume`, `resume` needs one). Cheap: the tuner calls it before probing vLLM, and again on opening."""
     exists = study_exists(storage)
     if exists and not resume:
-        raise StudyError(f"{redact(storage)} already holds a study; pass --resume to continue it, or use another "
+        raise StudyError(f"{shown_url(storage)} already holds a study; pass --resume to continue it, or use another "
                          "--out/--study")
     if resume and not exists:
-        raise StudyError(f"--resume: no study to resume in {redact(storage)}")
+        raise StudyError(f"--resume: no study to resume in {shown_url(storage)}")
     return exists
 
 
@@ -143,13 +154,13 @@ def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: StudyMe
     if exists:
         old, new = record.stored_meta, meta.stored()
         if "levels" not in old:
-            raise StudyError(f"--resume: the study in {redact(storage)} was made by an older servetune, whose "
+            raise StudyError(f"--resume: the study in {shown_url(storage)} was made by an older servetune, whose "
                              "levels were not decided by a statistical test: start a new study (another --out)")
         for key, option in DEFINING.items():
             if _canonical(old.get(key)) != _canonical(new.get(key)):
-                raise StudyError(f"--resume: {option} differs from the study's: it was {_shown(old.get(key))}, "
-                                 f"now {_shown(new.get(key))}; resume with the options it was made with, or "
-                                 "use another --out/--study")
+                was, now = _shown(old.get(key), new.get(key))
+                raise StudyError(f"--resume: {option} differs from the study's: it was {was}, now {now}; resume "
+                                 "with the options it was made with, or use another --out/--study")
         record.continued()
         requeue_interrupted(record)
     else:
@@ -161,73 +172,173 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _shown(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= 160 else text[:157] + "..."
+SHOWN = 160  # characters of each value a refused resume shows
+_ABSENT = object()
+
+
+def _differing(old: Any, new: Any) -> tuple[Any, Any]:
+    """`old` and `new` cut to what differs: two mappings to the keys whose values differ (recursively; a key one
+    of them lacks is left out of that one), anything else as it is."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return old, new
+    keys = sorted((k for k in old.keys() | new.keys()
+                   if _canonical(old.get(k, _ABSENT)) != _canonical(new.get(k, _ABSENT))), key=str)
+    cut = {k: _differing(old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys}
+    return ({k: a for k, (a, _) in cut.items() if a is not _ABSENT},
+            {k: b for k, (_, b) in cut.items() if b is not _ABSENT})
+
+
+def _shown(old: Any, new: Any) -> tuple[str, str]:
+    """Both values as a refused resume shows them: only what differs (`_differing`), as JSON; a text longer
+    than SHOWN is cut to a window that starts shortly before where the two texts first differ."""
+    texts = [json.dumps(value, sort_keys=True, default=str) for value in _differing(old, new)]
+    at = next((i for i, (a, b) in enumerate(zip(*texts)) if a != b), min(map(len, texts)))
+    start = max(0, at - SHOWN // 4)
+    return tuple(text if len(text) <= SHOWN else
+                 ("..." if start else "") + text[start:start + SHOWN] + ("..." if start + SHOWN < len(text) else "")
+                 for text in texts)
 
 
 class StudyLock:
-    """One tuner per study at a time: an exclusive lock on `out/.servetune.lock` (flock: released when the
-    process ends, however it ends, so a crash leaves no stale lock) holding who took it; and for a PostgreSQL
-    study, shared by hosts, a session advisory lock on the server too. A second tuner gets StudyError naming
-    the holder."""
+    """One tuner per study and per output directory at a time. The study is locked where it is, whatever
+    `--out`: an SQLite study by a lock file beside its database (`.NAME.lock`), a PostgreSQL one by an advisory
+    lock on its database server (which hosts share), any other storage by a lock file in the temporary
+    directory (this host only); the output directory by `out/.servetune.lock`. A lock file is flocked (released
+    when the process ends, however it ends, so a crash leaves no stale lock) and holds who took it. A second
+    tuner gets StudyError naming the holder; a lock file that cannot be written (a full disk) is removed and
+    said in one line. `made_out`: the tuner made the output directory, which is removed on release (a refusal
+    included) if nothing was written into it."""
 
     FILE = ".servetune.lock"
 
-    def __init__(self, out: Path, storage: str):
-        self.path, self.storage = out / self.FILE, storage
-        self.fd: int | None = None
+    def __init__(self, out: Path, storage: str, made_out: bool = False):
+        self.out, self.storage, self.made_out = out, storage, made_out
+        self.held: list[tuple[Path, int]] = []  # (lock file, its descriptor)
         self.connection = None
 
     def acquire(self) -> "StudyLock":
+        """Take the study's lock, then the output directory's; StudyError (nothing held) if either is taken."""
+        try:
+            if (path := self._study_file()) is not None:
+                self._take(path, f"the study in {shown_url(self.storage)}", "then --resume")
+            self._take(self.out / self.FILE, f"{self.out} (the output directory of another study)",
+                       "or use another --out")
+            if storage_url(self.storage).get_backend_name() == "postgresql":
+                self._lock_server()
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def _study_file(self) -> Path | None:
+        """The study's lock file: beside an SQLite database; for a server's study other than PostgreSQL's, in
+        the temporary directory, named by the storage (without its password) and the study's name."""
+        url = storage_url(self.storage)
+        if url.get_backend_name() == "sqlite":
+            database = sqlite_file(self.storage)
+            return None if database is None else database.resolve().with_name(f".{database.name}.lock")
+        if url.get_backend_name() == "postgresql":
+            return None
+        key = f"{url.render_as_string(hide_password=True)} {STUDY_NAME}"
+        locks = Path(tempfile.gettempdir()) / "servetune-study-locks"  # sticky and world-writable, like /tmp
+        try:
+            locks.mkdir()
+            locks.chmod(0o1777)  # mkdir's mode is cut by the umask
+        except FileExistsError:
+            pass
+        return locks / f"study-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
+
+    def _take(self, path: Path, what: str, then: str) -> None:
+        """Flock `path` (made if missing) and write who holds it; StudyError naming the holder if another
+        process holds it, or naming the error if the file cannot be written (it is removed)."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise StudyError(f"cannot make the lock file {path}: {e.strerror}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.read(fd, 4096).decode(errors="replace").strip()
                 os.close(fd)
-                raise StudyError(f"the study in {self.path.parent} is being tuned by {holder or 'another servetune'}"
-                                 ": wait for it to end, or stop it (Ctrl-C), then --resume") from None
+                raise StudyError(f"{what} is being tuned by {holder or 'another servetune'}: wait for it to end, or "
+                                 f"stop it (Ctrl-C), {then}") from None
             try:
-                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
                     break
             except FileNotFoundError:
                 pass
             os.close(fd)  # its holder removed it on release since we opened it: take the new one
-        os.ftruncate(fd, 0)
-        since = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
-        self.fd = fd
-        if self.storage.startswith("postgresql"):
-            self._lock_server()
-        return self
+        self.held.append((path, fd))
+        line = f"{_holder()}\n".encode()
+        try:
+            os.ftruncate(fd, 0)
+            if os.write(fd, line) != len(line):
+                raise OSError(0, "short write")
+        except OSError as e:
+            raise StudyError(f"cannot write the lock file {path}: {e.strerror}: free some space there (or use "
+                             "another --out/--study)") from None
 
     def _lock_server(self) -> None:
-        """A PostgreSQL advisory lock for the study, held by this process's own connection."""
-        import sqlalchemy
-
+        """A PostgreSQL advisory lock for the study, held by this process's own connection (not pooled: closing
+        it ends the session, and the lock with it), which names this process as its application so that a second
+        tuner can say who holds the lock."""
         try:
-            connection = sqlalchemy.create_engine(self.storage).connect()
+            connection = sqlalchemy.create_engine(
+                self.storage, poolclass=sqlalchemy.pool.NullPool,
+                connect_args={"application_name": _holder(since=False)[:63]}).connect()
         except Exception as e:  # a server we cannot reach: say so in one line, as `study_exists` does
-            self.release()
-            raise StudyError(redact(f"cannot open study storage {self.storage}: {_first_line(e)}")) from None
+            raise StudyError(f"cannot open study storage {shown_url(self.storage)}: {redact(_first_line(e))}"
+                             ) from None
+        self.connection = connection
         key = int.from_bytes(hashlib.sha256(f"servetune:{STUDY_NAME}".encode()).digest()[:8], "big", signed=True)
         if not connection.execute(sqlalchemy.text("SELECT pg_try_advisory_lock(:key)"), {"key": key}).scalar():
-            connection.close()
-            self.release()
-            raise StudyError(f"the study in {redact(self.storage)} is being tuned by another servetune (it holds "
-                             "the study's lock on the database server): wait for it to end, then --resume")
-        self.connection = connection
+            holder = connection.execute(sqlalchemy.text(
+                "SELECT a.application_name, a.backend_start FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid::bigint = :high "
+                "AND l.objid::bigint = :low AND l.database = (SELECT oid FROM pg_database "
+                "WHERE datname = current_database())"), {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF}
+            ).first()
+            who = (f"{holder[0] or 'another servetune'} since {holder[1].isoformat(timespec='seconds')}" if holder
+                   else "another servetune")
+            raise StudyError(f"the study in {shown_url(self.storage)} is being tuned by {who} (it holds the study's "
+                             "lock on the database server): wait for it to end, or stop it (Ctrl-C), then --resume")
 
     def release(self) -> None:
         if self.connection is not None:
             self.connection.close()
             self.connection = None
-        if self.fd is not None:
-            self.path.unlink(missing_ok=True)  # before unlocking: a tuner that opened it now retries (acquire)
-            os.close(self.fd)  # the flock goes with it
-            self.fd = None
+        for path, fd in reversed(self.held):
+            path.unlink(missing_ok=True)  # before unlocking: a tuner that opened it now retries (`_take`)
+            os.close(fd)  # the flock goes with it
+        self.held = []
+        if self.made_out:
+            with contextlib.suppress(OSError):  # not empty: the tune wrote its outputs there
+                self.out.rmdir()
+
+
+def _holder(since: bool = True) -> str:
+    """Who takes a lock: this process and host (and since when)."""
+    when = f" since {datetime.now(timezone.utc).isoformat(timespec='seconds')}" if since else ""
+    return f"pid {os.getpid()} on {socket.gethostname()}{when}"
+
+
+def tuner_of(out: Path) -> str | None:
+    """Who holds the lock of the output directory `out` (`StudyLock`), as its file says: None when there is
+    no lock file, or when it names a process of this host that no longer runs (a tuner killed with SIGKILL)."""
+    try:
+        holder = (out / StudyLock.FILE).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    words = holder.split()
+    if len(words) >= 4 and words[0] == "pid" and words[2] == "on" and words[3] == socket.gethostname():
+        try:
+            os.kill(int(words[1]), 0)
+        except ProcessLookupError:
+            return None
+        except (PermissionError, ValueError):
+            pass
+    return holder or None
 
 
 def requeue_interrupted(record: StudyRecord) -> list[int]:

@@ -148,11 +148,12 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
 def _lock(opts: TuneOptions) -> StudyLock:
     """The output directory, checked writable, and the study's lock (`StudyLock`) taken: before anything else
     touches the study."""
+    made = not opts.out.exists()
     try:
         check_writable(opts.out / "summary.json")
     except OSError as e:
         raise ServetuneError(f"--out: cannot write into {opts.out}: {e.strerror or e}") from None
-    return StudyLock(opts.out, opts.storage or default_storage(opts.out)).acquire()
+    return StudyLock(opts.out, opts.storage or default_storage(opts.out), made_out=made).acquire()
 
 
 def _prepare(opts: TuneOptions, build: Callable[..., list[RequestSpec]]) -> tuple[Any, list[list[RequestSpec]],

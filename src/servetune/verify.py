@@ -2,7 +2,9 @@
 on the very same prompts and reply lengths, so that a tune's claim can be checked with vLLM's client.
 
 One launch: warm-up requests, prefix cache emptied, servetune's client, prefix cache emptied, vLLM's client (a
-subprocess of the Python that runs vLLM, its `custom` dataset written from servetune's requests), stop.
+subprocess of the Python that runs vLLM, its `custom` dataset written from servetune's requests, the server's
+secret in its environment), stop. The JSON is written as it goes: once servetune's client is done, again when
+vLLM's is, and on a stop (Ctrl-C, SIGTERM) with what was measured, marked `interrupted`.
 """
 
 import contextlib
@@ -12,18 +14,21 @@ import subprocess
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from servetune import __version__
 from servetune.bench import LevelResult, default_request_timeout_s, measure_level
 from servetune.engine import Engine
 from servetune.errors import ServetuneError
-from servetune.jsonio import write_json
-from servetune.loadgen import LoadShape, RequestRecord, Target, run_load_sync
+from servetune.jsonio import write_json, write_or_beside
+from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
+from servetune.metrics import summarize
+from servetune.results import Summary
 from servetune.slo import latency, parse_slo
 from servetune.server import reset_prefix_cache
+from servetune.study import tuner_of
 from servetune.verdict import LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 
@@ -48,7 +53,8 @@ class VerifyError(ServetuneError):
 
 class VerifyPlan(BaseModel):
     """What to verify: `config` (engine args, snake_case) of `model` under `workload.num_requests` requests at
-    `workload.request_rate` (its burstiness, max_concurrency and endpoint), against `slo`."""
+    `workload.request_rate` (its burstiness, max_concurrency and endpoint), against `slo`. `tune_note`: why the
+    pick of the tune it comes from is not final (`TunePick.note`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,6 +62,7 @@ class VerifyPlan(BaseModel):
     config: dict[str, Any]
     workload: WorkloadSpec
     slo: dict[str, float] = {}
+    tune_note: str | None = None
 
     @field_validator("workload")
     @classmethod
@@ -76,30 +83,48 @@ class VerifyPlan(BaseModel):
 
 
 class TunePick(BaseModel):
-    """What a finished tune recommends: verify's defaults for `--out`. `rate` is None when it names none."""
+    """What a tune recommends: verify's defaults for `--out`. `rate` is None when it holds none; `note` says why
+    the pick is not final, when the tune was interrupted or is still running."""
 
     model: str
     config: dict[str, Any]
     slo: dict[str, float]
     workload: WorkloadSpec
     rate: float | None
+    note: str | None = None
 
 
 def read_tune(out: Path) -> TunePick:
-    """A tune's recommendation from its output directory: model, best config and SLOs from summary.json; the
-    rate: the confirmation's recommended goodput rate, else the best config's goodput rate in the search; the
-    workload from the study's meta in trials.json."""
+    """A tune's recommendation from its output directory: model, best config and SLOs from summary.json (read as
+    `results.Summary`); the rate the recommendation holds (the head-to-head's recommended goodput rate, else the
+    best config's), None for a rate of 0 or a throughput tune; the workload from the study's meta in
+    trials.json; whether the tune was interrupted or is still running (its lock, `study.tuner_of`)."""
     try:
-        summary = json.loads((out / "summary.json").read_text())
+        summary = Summary.model_validate_json((out / "summary.json").read_text())
         meta = json.loads((out / "trials.json").read_text())["meta"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise VerifyError(f"{out}: not a tune's output directory (summary.json and trials.json): {e}") from None
-    best = summary.get("best")
+        error = (f"{'.'.join(map(str, e.errors()[0]['loc']))}: {e.errors()[0]['msg']}"
+                 if isinstance(e, ValidationError) else e)
+        raise VerifyError(f"{out}: not a tune's output directory (summary.json and trials.json): {error}") from None
+    best = summary.best
     if best is None:
         raise VerifyError(f"{out}: the tune recommends no config (no trial was measured)")
-    rate = (summary.get("confirmation") or {}).get("recommended_goodput_rate") or best.get("goodput_rate")
-    return TunePick(model=summary["model"], config=best["config"], slo=summary["slo"], workload=meta["workload"],
-                    rate=rate)
+    rate = summary.recommended_rate if summary.objective == "goodput" else None
+    return TunePick(model=summary.model, config=best.config, slo=summary.slo, workload=meta["workload"],
+                    rate=rate or None, note=_interim(out, summary.state))
+
+
+def _interim(out: Path, state: str) -> str | None:
+    """Why the pick of the tune in `out`, in `state`, is not final; None when the tune ended (complete, or at its
+    time limit)."""
+    if state == "interrupted":
+        return f"the tune in {out} was interrupted: its pick is interim (`tune --resume` continues it)"
+    if state != "running":
+        return None
+    if (holder := tuner_of(out)) is not None:
+        return f"the tune in {out} is still running ({holder}): its pick may change, and its trials load this machine"
+    return (f"the tune in {out} stopped without saying so (killed?): its pick is interim (`tune --resume` "
+            "continues it)")
 
 
 class ClientMetrics(BaseModel):
@@ -149,9 +174,12 @@ class ClientResult(BaseModel):
 
 
 class VerifyResult(BaseModel):
-    """Both clients' numbers on one server, same prompts. `vllm` is None when vLLM's client failed
-    (`vllm_failure`, its log in `vllm_log`)."""
+    """Both clients' numbers on one server, same prompts. `state`: `measuring` while vLLM's client runs (the JSON
+    is first written when servetune's is done), `complete`, or `interrupted` by a stop (servetune's numbers over
+    the requests that finished, None if none did). `vllm` is None when vLLM's client failed or did not run
+    (`vllm_failure`, its log in `vllm_log`). `tune_note`: why the tune's pick it verifies is not final."""
 
+    state: Literal["measuring", "complete", "interrupted"] = "complete"
     servetune_version: str
     date: str
     model: str
@@ -163,15 +191,19 @@ class VerifyResult(BaseModel):
     dataset: str  # the prompts and reply lengths both clients sent, as vLLM's custom dataset (JSONL)
     server_log: str
     vllm_log: str
-    servetune: ClientResult
+    servetune: ClientResult | None
     vllm: ClientResult | None
     vllm_failure: str | None = None
+    tune_note: str | None = None
+    misplaced: list[str] = Field(default=[], exclude=True)  # what could not be written where asked, and where it is
 
 
-def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = lambda stage: None) -> VerifyResult:
+def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = lambda stage: None,
+           on_note: Callable[[str], None] = lambda text: None) -> VerifyResult:
     """Build the prompts, launch `plan.config`, measure it with servetune's client and then vLLM's on the same
-    prompts, stop it (always); write the result to `json_out`, and beside it the dataset both clients sent, their
-    outputs and the server log. `on_stage` hears what starts next. Raises `EngineFailed` when vLLM does not start."""
+    prompts, stop it (always); write the result to `json_out` as it goes (and on a stop, marked interrupted,
+    saying where to `on_note`), and beside it the dataset both clients sent, their outputs and the server log.
+    `on_stage` hears what starts next. Raises `EngineFailed` when vLLM does not start."""
     requests = build_requests(plan.workload, load_tokenizer(plan.model), seed=plan.workload.seed + SEED_OFFSET,
                               count=WARMUP_REQUESTS + plan.workload.num_requests)
     json_out = json_out.absolute()
@@ -184,33 +216,65 @@ def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = l
     write_dataset(dataset, prompts)
     on_stage("starting vLLM")
     engine.start()
+    result = VerifyResult(
+        state="measuring", servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(),
+        model=plan.model, config=engine.engine_args, vllm_version=engine.vllm.version, device=engine.vllm.device_type,
+        workload=plan.workload, slo=plan.slo, dataset=dataset.name, server_log=engine.log_path.name,
+        vllm_log=vllm_log.name, servetune=None, vllm=None, vllm_failure="vLLM's client has not run yet",
+        tune_note=plan.tune_note)
+    finished: list[RequestRecord] = []
     try:
-        level = _servetune_client(engine, plan, requests, on_stage)
-        level.load.save(records)
+        level = _servetune_client(engine, plan, requests, on_stage, finished.append)
+        result = _saved(json_out, result.model_copy(update={"servetune": client_result(
+            ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name, level.load.records),
+            "misplaced": _saved_records(level.load, records)}))
         reset_prefix_cache(engine.base_url)
         on_stage("vLLM's client (vllm bench serve)")
         timeout_s = VLLM_CLIENT_START_S + len(prompts) / plan.workload.request_rate + default_request_timeout_s(prompts)
-        failure = run_vllm_bench(vllm_bench_argv(engine, plan, dataset, vllm_json), vllm_log, vllm_json, timeout_s)
+        failure = run_vllm_bench(vllm_bench_argv(engine, plan, dataset, vllm_json), vllm_log, vllm_json, timeout_s,
+                                 env=os.environ | {"OPENAI_API_KEY": engine.secret})
+    except KeyboardInterrupt:
+        _saved(json_out, _stopped(result, finished, plan, records), on_note)
+        raise
     finally:
         engine.stop()
-    result = VerifyResult(
-        servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(), model=plan.model,
-        config=engine.engine_args, vllm_version=engine.vllm.version, device=engine.vllm.device_type,
-        workload=plan.workload, slo=plan.slo, dataset=dataset.name, server_log=engine.log_path.name,
-        vllm_log=vllm_log.name,
-        servetune=client_result(ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name,
-                                level.load.records),
-        vllm=None if failure else client_result(ClientMetrics.model_validate(json.loads(vllm_json.read_text())),
-                                                plan.slo, vllm_json.name),
-        vllm_failure=failure)
-    write_json(json_out, result.model_dump())
-    return result
+    vllm = None if failure else client_result(ClientMetrics.model_validate(json.loads(vllm_json.read_text())),
+                                              plan.slo, vllm_json.name)
+    return _saved(json_out, result.model_copy(update={"state": "complete", "vllm": vllm, "vllm_failure": failure}))
+
+
+def _stopped(result: VerifyResult, finished: list[RequestRecord], plan: VerifyPlan, records: Path) -> VerifyResult:
+    """`result` as a stop leaves it: interrupted; servetune's client's numbers over the requests that finished,
+    if it was stopped before it was done (its records saved); vLLM's client's none."""
+    update: dict[str, Any] = {"state": "interrupted", "vllm_failure": "interrupted before vLLM's client was done"}
+    spec = plan.workload
+    if result.servetune is None and (load := LoadResult.stopped(finished, spec.request_rate, spec.burstiness,
+                                                                spec.max_concurrency)):
+        metrics = ClientMetrics.model_validate(summarize(load).model_dump())
+        update |= {"servetune": client_result(metrics, plan.slo, records.name, load.records),
+                   "misplaced": result.misplaced + _saved_records(load, records)}
+    return result.model_copy(update=update)
+
+
+def _saved(json_out: Path, result: VerifyResult, on_note: Callable[[str], None] | None = None) -> VerifyResult:
+    """`result` written at `json_out`, else in the temporary directory (`write_or_beside`), where it went added
+    to its `misplaced`; with `on_note`, where it is said."""
+    where, problem = write_or_beside(json_out, lambda path: write_json(path, result.model_dump()), "the results")
+    if on_note is not None:
+        on_note(f"what was measured before the stop is in {where} ({result.state})" if where else problem)
+    return result.model_copy(update={"misplaced": result.misplaced + [problem]}) if problem else result
+
+
+def _saved_records(load: LoadResult, path: Path) -> list[str]:
+    """servetune's client's records at `path`, else in the temporary directory: what went elsewhere, said."""
+    _, problem = write_or_beside(path, load.save, "the records")
+    return [problem] if problem else []
 
 
 def _servetune_client(engine: Engine, plan: VerifyPlan, requests: list[RequestSpec],
-                      on_stage: Callable[[str], None]) -> LevelResult:
+                      on_stage: Callable[[str], None], on_record: Callable[[RequestRecord], None]) -> LevelResult:
     """The first WARMUP_REQUESTS at once (not measured), the prefix cache emptied, then the rest at the plan's
-    rate: servetune's level."""
+    rate: servetune's level, each finished record told to `on_record`."""
     spec = plan.workload
     target = Target(engine.base_url, plan.model, spec.endpoint)
     run_load_sync(target, requests[:WARMUP_REQUESTS],
@@ -219,7 +283,7 @@ def _servetune_client(engine: Engine, plan: VerifyPlan, requests: list[RequestSp
     on_stage("servetune's client")
     return measure_level(target, requests[WARMUP_REQUESTS:], LoadShape(
         request_rate=spec.request_rate, burstiness=spec.burstiness, max_concurrency=spec.max_concurrency,
-        seed=spec.seed))
+        seed=spec.seed), on_record=on_record)
 
 
 def check_vllm_client(python: str) -> None:
@@ -232,22 +296,27 @@ def check_vllm_client(python: str) -> None:
 
 
 def write_dataset(path: Path, requests: list[RequestSpec]) -> None:
-    """vLLM's custom dataset (JSONL): each request's prompt and reply length."""
-    path.write_text("".join(json.dumps({"prompt": r.prompt, "output_tokens": r.output_len}) + "\n"
-                            for r in requests))
+    """vLLM's custom dataset (JSONL): each request's prompt and reply length; VerifyError if it cannot be written."""
+    try:
+        path.write_text("".join(json.dumps({"prompt": r.prompt, "output_tokens": r.output_len}) + "\n"
+                                for r in requests))
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        raise VerifyError(f"cannot write the prompts to {path}: {e.strerror or e}") from None
 
 
 def vllm_bench_argv(engine: Engine, plan: VerifyPlan, dataset: Path, result: Path) -> list[str]:
     """`vllm bench serve` against `engine` with the prompts and reply lengths of `dataset`, in its order, at the
     plan's rate, burstiness and concurrency, without its ready-check request (the server is warm and its
-    prefix cache empty); its JSON is saved to `result`."""
+    prefix cache empty); its JSON is saved to `result`. The server's secret is not in it (a command line is
+    public): `run_vllm_bench` passes it in the environment (OPENAI_API_KEY, which vLLM's client sends)."""
     spec = plan.workload
     chat = spec.endpoint == "chat"
     return [
         engine.python, "-c", VLLM_BENCH_SERVE,
         "--backend", "openai-chat" if chat else "vllm",
         "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
-        "--base-url", engine.base_url, "--model", plan.model, "--tokenizer", plan.model,
+        "--base-url", engine.address, "--model", plan.model, "--tokenizer", plan.model,
         "--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", "-1",
         "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(spec.num_requests),
         "--request-rate", str(spec.request_rate), "--burstiness", str(spec.burstiness),
@@ -258,12 +327,13 @@ def vllm_bench_argv(engine: Engine, plan: VerifyPlan, dataset: Path, result: Pat
     ]
 
 
-def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float) -> str | None:
-    """Run vLLM's client, its output to `log`, at the real-time priority servetune's own client takes where
-    permitted (`loadgen.runner._realtime`). Why it failed, or None when it saved `result`."""
+def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float,
+                   env: dict[str, str] | None = None) -> str | None:
+    """Run vLLM's client (in `env`), its output to `log`, at the real-time priority servetune's own client takes
+    where permitted (`loadgen.runner._realtime`). Why it failed, or None when it saved `result`."""
     result.unlink(missing_ok=True)
     with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         with contextlib.suppress(AttributeError, OSError):
             os.sched_setscheduler(proc.pid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
         try:

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from servetune import safeyaml
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
 
@@ -21,8 +22,14 @@ def normalize(engine_args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_value(text: str) -> Any:
-    """A `key=value` value from the command line: YAML scalars (true, 8192, 0.9, null, {..})."""
-    return yaml.safe_load(text) if text != "" else ""
+    """A `key=value` value from the command line: YAML scalars (true, 8192, 0.9, null, {..}), read within bounds
+    (`safeyaml`); text YAML cannot read is taken as it is."""
+    if text == "":
+        return ""
+    try:
+        return safeyaml.load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def parse_pairs(pairs: list[str]) -> dict[str, Any]:
@@ -32,7 +39,10 @@ def parse_pairs(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ServetuneError(f"{pair!r} is not key=value")
-        out[key.strip().replace("-", "_")] = parse_value(value.strip())
+        try:
+            out[key.strip().replace("-", "_")] = parse_value(value.strip())
+        except safeyaml.TooBig as e:
+            raise ServetuneError(f"{pair[:60]!r}: {e}") from None
     return out
 
 

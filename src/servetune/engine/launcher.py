@@ -1,8 +1,9 @@
-"""Launch a vLLM OpenAI-compatible server, wait until it is ready, and always stop it."""
+"""Launch a vLLM OpenAI-compatible server that only servetune may use, wait until it is ready, and always stop it."""
 
 import atexit
 import fcntl
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,8 +24,11 @@ from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, 
 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 _GUARD = Path(__file__).with_name("_guard.py")
+_SERVERSIDE = Path(__file__).with_name("serverside")  # on the server's PYTHONPATH: its access middleware
+ACCESS_MIDDLEWARE = "servetune_access.RequireSecret"
+SECRET_ENV = "SERVETUNE_SERVER_SECRET"  # serverside/servetune_access.py reads it
+SECRET_USER = "servetune"
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
-_PORT_LOCKS = Path(tempfile.gettempdir()) / "servetune-port-locks"  # sticky and world-writable, like /tmp
 _PORT_IN_USE = "Address already in use"
 LAUNCH_TRIES = 3  # launches that lost their port to another process before ready are tried again
 
@@ -35,6 +39,12 @@ class EngineFailed(RuntimeError):
     def __init__(self, failure: LaunchFailure):
         super().__init__(f"{failure.kind}: {failure.reason}")
         self.failure = failure
+
+
+def port_locks() -> Path:
+    """The directory of the port locks, sticky and world-writable like /tmp (found when first needed: a full
+    temporary directory fails the reservation, not the import)."""
+    return Path(tempfile.gettempdir()) / "servetune-port-locks"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,15 +60,16 @@ def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
     running side by side, in one servetune or several, of any user, from handing the same port to two
     servers. The lock directory is sticky and world-writable like /tmp, and a lock file is opened read-only,
     so one user's files serve every user."""
+    locks = port_locks()
     try:
-        _PORT_LOCKS.mkdir()
-        _PORT_LOCKS.chmod(0o1777)  # mkdir's mode is cut by the umask
+        locks.mkdir()
+        locks.chmod(0o1777)  # mkdir's mode is cut by the umask
     except FileExistsError:
         pass
     _sweep_stale_locks()
     while True:
         port = free_port(host)
-        path = _PORT_LOCKS / f"{port}.lock"
+        path = locks / f"{port}.lock"
         fd = os.open(path, os.O_CREAT | os.O_RDONLY, 0o444)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -71,7 +82,7 @@ def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
 
 def _sweep_stale_locks() -> None:
     """Remove the lock files nobody holds: those of a servetune that was killed (SIGKILL) before releasing."""
-    for path in _PORT_LOCKS.glob("*.lock"):
+    for path in port_locks().glob("*.lock"):
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
@@ -89,7 +100,7 @@ def _sweep_stale_locks() -> None:
 def release_port(port: int, fd: int) -> None:
     """Remove the lock file `reserve_port` made (others' files in the sticky directory stay) and unlock."""
     try:
-        (_PORT_LOCKS / f"{port}.lock").unlink()
+        (port_locks() / f"{port}.lock").unlink()
     except OSError:
         pass
     os.close(fd)
@@ -109,7 +120,15 @@ def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[st
 
 
 class Engine:
-    """One vLLM server process group on a free loopback port; a context manager that stops it on exit."""
+    """One vLLM server process group on a free loopback port; a context manager that stops it on exit.
+
+    The server serves only who holds its `secret`, made for this launch: every request, the development routes
+    that VLLM_SERVER_DEV_MODE=1 opens for /reset_prefix_cache included, is refused (401) without it
+    (serverside/servetune_access.py, loaded with vLLM's --middleware). The secret goes to the server in its
+    environment (another user can read a command line, not an environment), and to clients in `base_url`, as
+    its user info (`http://servetune:SECRET@127.0.0.1:PORT`), which httpx and aiohttp send as basic
+    authentication: whatever reaches the server through `base_url` is let in. `address` is the URL without it.
+    """
 
     def __init__(
         self,
@@ -133,25 +152,36 @@ class Engine:
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
+        self.secret = secrets.token_urlsafe(32)
+
+    @property
+    def address(self) -> str:
+        """The server's URL, without its secret."""
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The server's URL with its secret as user info: what servetune's clients send requests to."""
+        return f"http://{SECRET_USER}:{self.secret}@{self.host}:{self.port}"
 
     def argv(self) -> list[str]:
         return [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--host", self.host, "--port", str(self.port),
-            *to_argv(self.engine_args),
+            "--middleware", ACCESS_MIDDLEWARE, *to_argv(self.engine_args),
         ]
 
     def env(self) -> dict[str, str]:
+        """The server's environment: this one's, vLLM's settings, `extra_env`, and the access middleware's
+        directory and secret (which nothing overrides)."""
         env = dict(os.environ)
         env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                     "PYTHONUNBUFFERED": "1"})
         if self.vllm.on_cpu:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
         env.update(self.extra_env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SERVERSIDE), env.get("PYTHONPATH")]))
+        env[SECRET_ENV] = self.secret
         return env
 
     def start(self) -> StartupFacts:

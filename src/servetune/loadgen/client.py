@@ -21,6 +21,12 @@ _SAMPLING = {"ignore_eos": True, "stream": True,
 # token chunk and needs no parsing; every other event goes through json.loads.
 _TOKEN_CHUNK = b'"choices":[{'
 _USAGE = b'"usage":{'
+ERROR_BODY_BYTES = 200  # of an HTTP error's body, kept in the record: the rest is never read
+# A stream may carry a chat's leading role-only delta and a closing chunk beside its tokens; more token chunks than
+# that past `max_tokens`, or more events than EXTRA_EVENTS beyond them (comments, empty events), is a stream that
+# does not end: it fails as `overrun` rather than holding the level, since the stall timeout fires on silence only.
+EXTRA_CHUNKS = 2
+EXTRA_EVENTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +87,7 @@ class Client:
             async with self._session.post(self._url, data=body, headers=self._headers) as resp:
                 record.http_status = resp.status
                 if resp.status != 200:
-                    detail = (await resp.read())[:200].decode(errors="replace")
+                    detail = (await _read_up_to(resp.content, ERROR_BODY_BYTES)).decode(errors="replace")
                     record.error = f"http_{resp.status}: {resp.reason} {detail}"
                 else:
                     await _read_stream(resp.content, record, self._keep_replies)
@@ -100,12 +106,23 @@ class Client:
             record.end_ns = perf_counter_ns()
 
 
+async def _read_up_to(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """At most `limit` bytes of a body: an endless one is read no further."""
+    data = b""
+    while len(data) < limit and (more := await content.read(limit - len(data))):
+        data += more
+    return data
+
+
 async def _read_stream(content: aiohttp.StreamReader, record: RequestRecord, keep_reply: bool = False) -> None:
     """Timestamp each SSE event when its last byte arrives, then parse only what is needed (with `keep_reply`,
-    the token chunks' text after the stream has ended)."""
+    the token chunks' text after the stream has ended). A stream that goes on past its `max_tokens` fails as
+    `overrun` (EXTRA_CHUNKS, EXTRA_EVENTS) and is read no further."""
     chunk_ns = record.chunk_ns
     kept: list[bytes] = []
     pending = b""
+    events_most = record.expected_output_len + EXTRA_CHUNKS + EXTRA_EVENTS
+    events_seen = 0
     while data := await content.readany():
         now = perf_counter_ns()
         events = (pending + data).split(b"\n\n") if pending else data.split(b"\n\n")
@@ -117,6 +134,11 @@ async def _read_stream(content: aiohttp.StreamReader, record: RequestRecord, kee
                     kept.append(event)
             else:
                 _parse_event(event, now, record)
+        events_seen += len(events)
+        if len(chunk_ns) > record.expected_output_len + EXTRA_CHUNKS or events_seen > events_most:
+            record.error = (f"overrun: {len(chunk_ns)} token chunks and {events_seen} events, for max_tokens "
+                            f"{record.expected_output_len}, and the stream went on")
+            return
     if pending.strip():
         _parse_event(pending, perf_counter_ns(), record)
     if record.error is None and not chunk_ns:

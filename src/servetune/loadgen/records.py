@@ -17,7 +17,8 @@ class RequestRecord:
     for freed (0 if it did not wait): the request was free to go at the later of the two.
     `error` is `"<kind>: <detail>"` (kinds: `http_<status>`, `connect`, `timeout` (no byte for the request
     timeout), `disconnect`, `stream`, `short` (a stream that ended before `expected_output_len` tokens, which
-    `ignore_eos` asks for), `client`, `cancelled`); None means the request succeeded.
+    `ignore_eos` asks for), `overrun` (a stream that went on well past them without ending), `client`,
+    `cancelled`); None means the request succeeded.
     """
 
     index: int
@@ -80,6 +81,17 @@ class LoadResult:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+    @classmethod
+    def stopped(cls, finished: list[RequestRecord], request_rate: float, burstiness: float,
+                max_concurrency: int | None) -> LoadResult | None:
+        """The level a stop cut short, from the records that `finished` (those cut by the stop kept as failed);
+        None when no timed request had finished."""
+        timed = [r for r in finished if not r.warmup]
+        if all(r.error_kind == "cancelled" for r in timed):
+            return None
+        return cls(sorted(finished, key=lambda r: r.index), request_rate, burstiness, max_concurrency,
+                   min(r.scheduled_ns for r in timed), max(r.end_ns for r in timed), stopped_early=True)
 
     @classmethod
     def load(cls, path: str | Path) -> LoadResult:

@@ -1,4 +1,5 @@
-"""Read a workload file: its YAML validated into a `WorkloadSpec`, relative paths resolved, a trace's rows checked."""
+"""Read a workload file: its YAML, read within bounds (`safeyaml`), validated into a `WorkloadSpec`, relative paths
+resolved, a trace's rows checked."""
 
 from pathlib import Path
 from typing import Any
@@ -6,6 +7,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from servetune import safeyaml
 from servetune.workload.spec import WorkloadError, WorkloadSpec
 from servetune.workload.trace import read_trace
 
@@ -15,11 +17,13 @@ def load_workload(path: Path) -> WorkloadSpec:
     A trace is read here too, so a bad row is refused (file:line) before a tokenizer or server is touched."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = safeyaml.load_file(path)
     except OSError as e:
         raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
     except UnicodeDecodeError:
         raise WorkloadError(f"{path}: not UTF-8 text") from None
+    except safeyaml.TooBig as e:
+        raise WorkloadError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

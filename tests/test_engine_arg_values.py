@@ -1,0 +1,76 @@
+"""Engine-arg values checked from the knob declarations (issue 28, item 6): a value of the wrong kind given with
+--engine-arg or in a --reference-config is one line naming it and what it takes, before vLLM is probed or launched;
+vLLM's readable counts (8k, 8K) are read as vLLM reads them."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servetune.knobs import KNOBS, checked
+from servetune.options import TuneArgs, UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVETUNE = [sys.executable, "-m", "servetune"]
+
+
+@pytest.mark.parametrize(("arg", "value", "read"), [
+    ("max_model_len", "8k", 8000), ("max_model_len", "8K", 8192), ("max_num_batched_tokens", "25.6k", 25600),
+    ("max_num_seqs", 64, 64), ("gpu_memory_utilization", 1, 1), ("cpu_kvcache_space_gib", 0.5, 0.5),
+    ("enforce_eager", True, True), ("kv_cache_dtype", "fp8", "fp8"), ("served_model_name", 7, 7)])
+def test_a_value_of_its_kind_is_read_as_vllm_reads_it(arg, value, read):
+    assert checked(arg, value) == read
+
+
+@pytest.mark.parametrize(("arg", "value", "message"), [
+    ("max_model_len", "abc", "max-model-len=abc: not a whole number above 0 (vLLM also reads 8k as 8,000 and 8K "
+                             "as 8,192)"),
+    ("max_model_len", "1.5K", "max-model-len=1.5K: not a whole number above 0"),
+    ("max_num_seqs", 0, "max-num-seqs=0: not a whole number above 0"),
+    ("max_num_seqs", 8.5, "max-num-seqs=8.5: not a whole number above 0"),
+    ("block_size", True, "block-size=true: not a whole number above 0"),
+    ("gpu_memory_utilization", 1.5, "gpu-memory-utilization=1.5: not a number above 0 and at most 1"),
+    ("cpu_kvcache_space_gib", float("inf"), "cpu-kvcache-space-gib=Infinity: not a number above 0"),
+    ("enable_prefix_caching", 1, "enable-prefix-caching=1: not true or false"),
+    ("kv_cache_dtype", 8, "kv-cache-dtype=8: not a name")])
+def test_a_value_of_another_kind_is_refused_saying_what_it_takes(arg, value, message):
+    with pytest.raises(ValueError) as refused:
+        checked(arg, value)
+    assert str(refused.value).startswith(message)
+
+
+def test_every_value_the_search_tries_is_of_its_declared_kind():
+    for knob in KNOBS:
+        for value in (*knob.cpu, *knob.gpu, *(knob.from_model_len(4096) if knob.from_model_len else ())):
+            assert checked(knob.arg, value) == value, knob.arg
+
+
+def test_tune_reads_its_engine_args_and_reference_configs_by_their_declarations(tiny_model, tmp_path):
+    args = TuneArgs(model=str(tiny_model), workload=ROOT / "examples" / "chat.yaml", out=tmp_path / "out",
+                    slo=["tpot_p99_ms=50"], engine_arg=["max-model-len=2k"])
+    assert args.resolve().engine_args == {"max_model_len": 2000}
+    with pytest.raises(UsageError, match=r"^--engine-arg: max-model-len=abc: not a whole number above 0"):
+        args.model_copy(update={"engine_arg": ["max-model-len=abc"]}).resolve()
+    (tmp_path / "ref.yaml").write_text("gpu-memory-utilization: 1.5\n")
+    with pytest.raises(UsageError, match=rf"^--reference-config: {tmp_path / 'ref.yaml'}: gpu-memory-utilization=1.5: "
+                                         "not a number above 0 and at most 1$"):
+        args.model_copy(update={"reference_config": [tmp_path / "ref.yaml"]}).resolve()
+    (tmp_path / "ref.yaml").write_text("1: 2\n")
+    with pytest.raises(UsageError, match="a vLLM config file is a mapping of flag names to values"):
+        args.model_copy(update={"reference_config": [tmp_path / "ref.yaml"]}).resolve()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["tune", "bench"])
+def test_a_bad_engine_arg_is_one_line_before_anything_is_probed_or_launched(tiny_model, tmp_path, command):
+    """Refused in `resolve`, before vLLM is probed: with vLLM hidden (SERVETUNE_NO_VLLM=1), a probe would fail
+    with another message."""
+    where = {"tune": ["--workload", "examples/chat.yaml", "--out", str(tmp_path / "out"), "--slo", "tpot_p99_ms=50"],
+             "bench": ["--launch", "--json", str(tmp_path / "b.json")]}[command]
+    proc = subprocess.run([*SERVETUNE, command, "--model", str(tiny_model), *where, "--engine-arg",
+                           "max-model-len=abc"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: --engine-arg: max-model-len=abc: not a whole number above 0")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,173 @@
+"""Every write checked where it can fail (issue 28, item 5). A disk that is full already (a filled tmpfs; where mounting
+is not permitted, writes failed by RLIMIT_FSIZE) is refused before any request or launch, and nothing is left; one
+that fills during the work is said in one line, exit 1, with the results kept where the line says: bench's in the
+temporary directory, a tune's in its study; no lock file left."""
+
+import errno
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import typer
+
+from test_study_lock import options
+from test_tune_stops import StandIn
+from servetune import cli
+from servetune.benchrun import BenchOptions, run_bench
+from servetune.study import STUDY_NAME, default_storage
+from servetune.workload import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVETUNE = [sys.executable, "-m", "servetune"]
+FAKE_SERVER = Path(__file__).with_name("fake_server.py")
+
+
+@pytest.fixture
+def fake():
+    """A fake server (one token per ms) and a function returning how many requests it has had."""
+    proc = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--token-delay-ms", "1"], stdout=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{proc.stdout.readline().split()[1]}"
+
+    def requests() -> int:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(url + "/stats") as stats:
+            return json.load(stats)["requests"]
+
+    yield url, requests
+    proc.kill()
+    proc.wait()
+
+
+def no_writes() -> None:
+    """In a child: every write to a file fails (EFBIG), as on a full disk, with no privilege needed."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def bench(url: str, tiny_model, json_out: Path, prompts: int = 4) -> list[str]:
+    return [*SERVETUNE, "bench", "--base-url", url, "--model", "fake", "--tokenizer", str(tiny_model), "--input-len",
+            "8", "--output-len", "32", "--num-prompts", str(prompts), "--json", str(json_out)]
+
+
+def error_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+def free(disk: Path, kib: int) -> None:
+    """Give `kib` KiB of the full disk back."""
+    filler = disk / "filler"
+    os.truncate(filler, filler.stat().st_size - kib * 1024)
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_any_work_and_leave_nothing(fake, tiny_model, tmp_path):
+    url, requests = fake
+    proc = subprocess.run(bench(url, tiny_model, tmp_path / "new" / "o.json"), capture_output=True, text=True,
+                          preexec_fn=no_writes, timeout=120)
+    assert proc.returncode == 2 and error_lines(proc) == [
+        f"error: --json: cannot write {tmp_path / 'new' / 'o.json'}: File too large"], proc.stderr
+    proc = subprocess.run([*SERVETUNE, "tune", "--model", str(tiny_model), "--workload", "examples/chat.yaml", "--out",
+                           str(tmp_path / "out"), "--slo", "tpot_p99_ms=50"], capture_output=True, text=True,
+                          preexec_fn=no_writes, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and error_lines(proc) == [
+        f"error: --out: cannot write into {tmp_path / 'out'}: File too large"], proc.stderr
+    assert requests() == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_bench_on_a_full_disk_is_refused_before_any_request(fake, tiny_model, full_disk):
+    url, requests = fake
+    proc = subprocess.run(bench(url, tiny_model, full_disk / "o.json"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and error_lines(proc) == [
+        f"error: --json: cannot write {full_disk / 'o.json'}: No space left on device"], proc.stderr
+    assert requests() == 0 and [p.name for p in full_disk.iterdir()] == ["filler"]
+
+
+def test_a_disk_that_fills_during_a_bench_keeps_the_records_in_the_temporary_directory(fake, tiny_model, full_disk):
+    url, _ = fake
+    free(full_disk, 64)  # the results fit; 400 requests' records (~600 KiB) do not
+    proc = subprocess.run(bench(url, tiny_model, full_disk / "o.json", prompts=400), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    line = error_lines(proc)[-1]
+    kept = re.fullmatch(rf"error: the records could not be written to {full_disk / 'o.records.jsonl'} \(No space "
+                        r"left on device\); they are in (\S+)", line)
+    assert kept is not None, line
+    try:
+        assert len(Path(kept.group(1)).read_text().splitlines()) == 401  # a header and every record
+    finally:
+        Path(kept.group(1)).unlink()
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "o.json"]  # no temporary file left
+
+
+def test_results_that_cannot_be_written_go_to_the_temporary_directory_and_the_run_says_so(fake, tiny_model, tmp_path,
+                                                                                          monkeypatch):
+    from servetune import benchrun
+
+    url, _ = fake
+    json_out = tmp_path / "o.json"
+
+    def full_there(path: Path, value) -> None:
+        if path == json_out:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write_json(path, value)
+
+    write_json = benchrun.write_json
+    monkeypatch.setattr(benchrun, "write_json", full_there)
+    opts = BenchOptions(json_out=json_out, model="fake", tokenizer=str(tiny_model), base_url=url,
+                        workload=WorkloadSpec.random(8, 4, 4))
+    run = run_bench(opts)
+    fallback = Path(run.misplaced[0].rpartition("they are in ")[2])
+    try:
+        assert run.misplaced == [f"the results could not be written to {json_out} (No space left on device); they "
+                                 f"are in {fallback}"]
+        assert '"completed": 4' in fallback.read_text() and not json_out.exists()
+    finally:
+        fallback.unlink()
+
+
+class Filling(StandIn):
+    """Fills the disk `disk` as the second trial starts."""
+
+    def __init__(self, out: Path, disk: Path):
+        super().__init__({0: 5.0, 1: 6.0}, out)
+        self.disk = disk
+
+    def submit(self, job):
+        if len(self.jobs) == 1:
+            fd = os.open(self.disk / "more", os.O_WRONLY | os.O_CREAT)
+            try:
+                while os.write(fd, bytes(65536)):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return super().submit(job)
+
+
+def test_a_study_whose_disk_fills_during_the_tune_is_one_line_and_keeps_what_it_was_told(tiny_model, full_disk,
+                                                                                        monkeypatch, capsys):
+    free(full_disk, 512)
+    out = full_disk / "out"
+    opts = options(tiny_model, out, None, budget=2)
+    monkeypatch.setattr("servetune.tune.make_executor", lambda *args: Filling(out, full_disk))
+    monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
+    with pytest.raises(typer.Exit) as stop:
+        cli._tune_guarded(opts)
+    assert stop.value.exit_code == 1
+    err = capsys.readouterr().err
+    line = err[err.index("error: "):].strip()
+    assert "\n" not in line
+    assert line.startswith("error: the study's storage failed ((sqlite3.OperationalError) database or disk is full")
+    assert f"what it was told before is kept in {default_storage(out)}, the outputs in {out} as last written" in line
+    trials = optuna.load_study(study_name=STUDY_NAME, storage=default_storage(out)).trials
+    assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].value == 5.0
+    assert not list(full_disk.rglob("*.lock"))
