@@ -26,8 +26,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 $(MODEL)/config.json: $(VENV)/.installed src/servetune/tinymodel.py
 	$(BIN)/servetune model tiny --out $(MODEL)
 
+# The demo ends within DEMO_WITHIN_S of `make demo` starting, the install included (its tune gets what is left, at
+# least 5 minutes): 11.5 minutes by default.
+DEMO_WITHIN_S ?= 690
+DEMO_START := $(shell date +%s)
+
 demo: install
-	$(BIN)/servetune demo --out out/demo
+	left=$$(( $(DEMO_WITHIN_S) - $$(date +%s) + $(DEMO_START) )); \
+	$(BIN)/servetune demo --out out/demo --time-limit $$(( left > 300 ? left : 300 ))s
 
 # Chromium and PostgreSQL for the tests: apt-get as root, else PostgreSQL from PyPI (scripts/system-deps.sh says
 # what it could not install).

@@ -35,7 +35,7 @@ def finish(p: Proposer, launch: Launch, out=None) -> None:
     """Tell the study the launch's trial measured `out` (a passing one by default)."""
     out = out or outcomes.ok(launch.job.config, levels=[outcomes.level("search", 1.0, completed=10,
                                                                        total_input_tokens=40_000,
-                                                                       median_ttft_ms=400.0)])
+                                                                       median_ttft_ms=400.0, keep_up_ratio=1.0)])
     write_trial(launch.trial, outcome=out)
     p.study.tell(launch.trial, 1.0)
 

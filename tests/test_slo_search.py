@@ -65,10 +65,11 @@ def test_without_a_latency_slo_the_warm_start_is_the_single_anchor():
     assert [read_trial(t).role for t in study.trials] == ["anchor"]
 
 
-def _outcome(levels):
-    """levels: (rate, completed, total input tokens, median TTFT ms)."""
+def _outcome(levels, keep_up: float = 1.0):
+    """levels: (rate, completed, total input tokens, median TTFT ms), each keeping up as `keep_up` says."""
     return outcomes.ok(levels=[outcomes.level("search", rate, completed=n, total_input_tokens=tokens,
-                                              median_ttft_ms=ttft) for rate, n, tokens, ttft in levels])
+                                              median_ttft_ms=ttft, keep_up_ratio=keep_up)
+                               for rate, n, tokens, ttft in levels])
 
 
 def test_prefill_speed_is_the_fastest_quiet_level_of_any_trial():
@@ -79,6 +80,8 @@ def test_prefill_speed_is_the_fastest_quiet_level_of_any_trial():
                            (1, _outcome([(1.0, 50, 100_000, 100.0)]))])
     assert speed.trial == 1 and speed.rate == 1.0 and speed.tokens_per_s == 20_000
     assert prefill_speed([(0, _outcome([(float("inf"), 10, 1000, 5.0)]))]) is None
+    # a level that fell behind its arrivals queued: its TTFT is not a prefill time
+    assert prefill_speed([(0, _outcome([(2.0, 100, 400_000, 400.0)], keep_up=0.8))]) is None
 
 
 def test_a_prefill_step_longer_than_the_itl_slo_rules_a_config_out():

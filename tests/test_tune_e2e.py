@@ -91,12 +91,13 @@ def test_tune_stopped_mid_trial_by_sigint_sigterm_or_sigkill_resumes_and_its_bes
     assert summary["state"] == "complete" and summary["trials"] == 2 and summary["default"]["trial"] == 0
     assert summary["default"]["goodput_rate"] > 0 and summary["best"]["request_throughput"] > 0
     assert len((out / "trials.csv").read_text().splitlines()) == 3
-    for t in launched:
+    for t in launched:  # the defaults measure their capacity first; the other config races at their rate
         o = t.outcome.stored()
-        assert o["status"] == "ok" and o["levels"][0]["name"] == "capacity"
+        assert o["status"] == "ok" and o["levels"][0]["name"] == ("capacity" if t.record.role == "default" else "race")
         assert (out / o["artifacts"] / o["levels"][0]["records"]).exists()
-        decided = [lv for lv in o["levels"][1:] if lv["verdict"] == "pass"]
-        assert decided and all(lv["tests"][0]["counted"] >= 299 for lv in decided)  # a pass rests on enough
+        decided = [lv for lv in o["levels"] if lv["verdict"] == "pass" and lv["name"] != "capacity"]
+        assert all(lv["tests"][0]["counted"] >= 299 for lv in decided)  # a pass rests on enough
+        assert decided or t.record.role != "default"
     assert not set(vllm_processes()) - before
 
     # 3. the produced best.yaml starts a real server

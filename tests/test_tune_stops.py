@@ -121,10 +121,11 @@ def test_a_levels_requests_fit_its_time_its_share_and_leave_room_for_the_trials_
     defaults = LevelBudget(deadline=1000.0, share_s=120.0, next_trial_s=100.0, after=3, baseline=True)
     assert defaults.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5) == 600
     assert "share" in defaults.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5, decided=True)
-    # a trial that holds a rate sharpens it only while the 3 trials after it keep 100 s each
-    assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, holds=True).startswith(
-        "sharpening its rate would leave the 3 trials left")
-    assert budget.requests(now=650, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, holds=True) == 350
+    # after its first verdict a trial goes on only while the 3 trials after it keep 100 s each
+    assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True).startswith(
+        "going on would leave the 3 trials left")
+    assert budget.requests(now=650, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True) == 350
+    assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 600  # the first
     # the last trial, or one after which no other fits, uses the rest
     assert LevelBudget(deadline=1000.0).refines(now=0, end=1000)
     assert budget.refines(now=950, end=1000) and not budget.refines(now=0, end=1000)

@@ -122,15 +122,44 @@ def tune(args: TuneArgs) -> None:
 
 @command(app, DemoArgs)
 def demo(args: DemoArgs) -> None:
-    """Build the tiny model and tune it on this machine: a small budget within a time limit, each level
-    decided at 95% confidence, then the head-to-head of the pick against vLLM's defaults."""
+    """Build the tiny model, measure this machine and tune the model on it: a small budget within a time limit, each
+    level decided at 95% confidence, the pick held against vLLM's defaults."""
+    import time
+
+    from servetune.demo import measure_machine, write_small_chunk
+    from servetune.engine import EngineFailed
     from servetune.tinymodel import write_tiny_model
 
+    started = time.time()
+    with one_line_errors():
+        limit_s = args.limit_s()
     model = write_tiny_model(args.out / "tiny-llama")
     console.print(f"wrote the tiny model to {model}")
     with one_line_errors():
-        opts = args.tune(model).resolve()
+        resumed = _resumed(args.out) if args.resume else None
+    if resumed is not None:
+        slo, reference = resumed
+    else:
+        say("measuring this machine: vLLM's defaults, the demo's longest prompt one at a time ...")
+        try:
+            speed = measure_machine(model, args.out)
+        except EngineFailed as e:
+            not_started(e)
+        say(speed.describe())
+        slo, reference = speed.itl_slo_ms, write_small_chunk(args.out) if speed.slow else None
+    with one_line_errors():
+        opts = args.tune(model, slo, limit_s - (time.time() - started), reference).resolve()
     _tune_guarded(opts)
+
+
+def _resumed(out) -> "tuple[float, object]":
+    """The demo study's p99 ITL bound in `out`, and its reference config's file (a resume keeps both)."""
+    from servetune.demo import REFERENCE
+    from servetune.report.data import load_study
+    from servetune.study import default_storage
+
+    meta = load_study(default_storage(out)).meta
+    return meta.slo["itl_p99_ms"], out / REFERENCE if meta.references else None
 
 
 def _tune_guarded(opts: "TuneOptions") -> None:

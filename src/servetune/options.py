@@ -207,24 +207,34 @@ class TuneArgs(_Args):
             raise UsageError(f"--time-limit: {e}") from None
 
 
-DEMO_WORKLOAD = Path(__file__).parent / "demo_workload.yaml"
-DEMO_SLO = ["itl_p99_ms=40"]
-
-
 class DemoArgs(_Args):
-    """`servetune demo`: build the tiny model and tune it on this machine: a small budget within a time limit, each
-    level decided at 95% confidence, then the head-to-head of the pick against vLLM's defaults."""
+    """`servetune demo`: build the tiny model, measure this machine and tune the model on it: a small budget within a
+    time limit, each level decided at 95% confidence, the pick held against vLLM's defaults."""
 
     out: Annotated[Path, Option(help="Output directory.")] = Path("out/demo")
     budget: Annotated[int, Option(min=1)] = 3
-    time_limit: Annotated[str, Option(help="Wall-clock budget of the tune (see `tune --time-limit`).")] = "9m"
+    time_limit: Annotated[str, Option(help="Wall-clock budget of the demo: the machine measured, then the tune "
+                                           "(see `tune --time-limit`).")] = "9m"
     resume: Annotated[bool, Option()] = False
 
-    def tune(self, model: Path) -> TuneArgs:
-        """The tune of the tiny model written to `model`."""
-        return TuneArgs(model=str(model.resolve()), workload=DEMO_WORKLOAD, out=self.out, slo=DEMO_SLO,
-                        strategy="optuna", budget=self.budget, resume=self.resume, seed=0, time_limit=self.time_limit,
-                        level_requests=400, max_levels=4)
+    def limit_s(self) -> float:
+        """The demo's time limit in seconds."""
+        from servetune.timelimit import parse_duration
+
+        try:
+            return parse_duration(self.time_limit)
+        except ValueError as e:
+            raise UsageError(f"--time-limit: {e}") from None
+
+    def tune(self, model: Path, itl_slo_ms: float, time_limit_s: float, reference: Path | None = None) -> TuneArgs:
+        """The tune of the tiny model written to `model`, under p99 ITL <= `itl_slo_ms`, within `time_limit_s`; with a
+        `reference` config, that config and the defaults alone (budget 2)."""
+        from servetune.demo import WORKLOAD
+
+        return TuneArgs(model=str(model.resolve()), workload=WORKLOAD, out=self.out, slo=[f"itl_p99_ms={itl_slo_ms:g}"],
+                        strategy="optuna", budget=2 if reference else self.budget, resume=self.resume, seed=0,
+                        time_limit=f"{max(1.0, time_limit_s):.0f}s", level_requests=400, max_levels=4,
+                        reference_config=[reference] if reference else [])
 
 
 class ReportArgs(_Args):

@@ -241,7 +241,7 @@ class Levels:
         self.on_level, self.on_record = on_level, on_record
         self.levels: list[LevelOutcome] = []
         self.cut: str | None = None
-        self.capacity: float | None = None  # req/s at full load, in the study's rate unit (`completion_rate`)
+        self.capacity: float | None = None  # at full load, in the study's rate unit: the search's upper bound
 
     def measure(self) -> RateSearch | None:
         """Every level of the plan: its fixed ones (a head-to-head), its capacity (objective throughput), or the
@@ -326,7 +326,7 @@ class Levels:
     def run(self, name: LevelName, rate: float, warmup: int = 0, seed: int | None = None,
             decisive: bool = False) -> LevelOutcome | None:
         """Send one level and keep its outcome; None (and `cut` set) when it could not reach a verdict before the
-        budget's end. A `decisive` level is sized as if the trial held no rate yet (`LevelBudget.requests`)."""
+        budget's end. A `decisive` level is sized as if the trial had decided no level yet (`LevelBudget.requests`)."""
         plan, index = self.plan, len(self.levels)
         seed = index if seed is None else seed
         requests = plan.level_sets[index % len(plan.level_sets)]
@@ -337,11 +337,9 @@ class Levels:
         now, end = self.clock.time(), self.end()
         if math.isfinite(rate) and self.budget is not None:
             least = min(n, self.least(per_s))
-            sized = self.budget.requests(now, end, per_s, n, least, self.drain_s(),
-                                         decided=any(lv.verdict != Decision.UNDECIDED and math.isfinite(lv.rate)
-                                                     for lv in self.levels),
-                                         holds=not decisive and any(lv.passed and math.isfinite(lv.rate)
-                                                                    for lv in self.levels))
+            decided = not decisive and any(lv.verdict != Decision.UNDECIDED and math.isfinite(lv.rate)
+                                           for lv in self.levels)
+            sized = self.budget.requests(now, end, per_s, n, least, self.drain_s(), decided=decided)
             if isinstance(sized, str):
                 self.cut = (f"time limit: a {name} level at {rate:.2f} {plan.workload.rate_unit} needs {least} "
                             f"requests (~{duration(least / per_s)}), {sized}")
@@ -368,9 +366,9 @@ class Levels:
                 break
         if stop.why == "time limit":
             self.cut = f"time limit: the {name} level at {rate:.2f} {plan.workload.rate_unit} was stopped at the deadline"
-        if name == LevelName.CAPACITY and result.metrics.completed:
-            rate_per_s = max(result.metrics.request_throughput, completion_rate(result.load.records) or 0.0)
-            self.capacity = rate_per_s / requests_per_s(plan, 1.0)
+        if name == LevelName.CAPACITY and result.metrics.completed:  # held to CAPACITY_S: its completion rate
+            boxed = completion_rate(result.load.records) if stop.why == "measured" else None
+            self.capacity = max(result.metrics.request_throughput, boxed or 0.0) / requests_per_s(plan, 1.0)
         records = self.out_dir / f"level-{index:02d}.records.jsonl"
         result.load.save(records)
         self.levels.append(_level_outcome(name, rate, seed, result, stop, plan.slo, records.name, attempt + 1))

@@ -4,8 +4,9 @@ Under a p99 ITL SLO a prefill step stalls every running decode for as long as it
 prefills a typical prompt whole (no chunked prefill), or a chunk of `max_num_batched_tokens`, takes about
 tokens / prefill speed; when that is longer than the SLO, the p99 gap between tokens breaks as soon as a
 prompt arrives more than once per hundred gaps, which is any useful rate. The prefill speed is read off
-the study's own levels: prompt tokens over the median TTFT of each trial's least loaded level, the fastest
-such speed (TTFT also holds queueing, so a slower reading is not trusted to rule anything out).
+the study's own levels: prompt tokens over the median TTFT of each trial's least loaded level that kept up with
+its arrivals, the fastest such speed (TTFT also holds queueing, so a level that fell behind, or a slower reading,
+is not trusted to rule anything out).
 """
 
 import math
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.outcome import TrialOutcome
+from servetune.search.objective import KEEP_UP_FRACTION
 from servetune.slo import ITL, REQUESTS_PER_S
 
 
@@ -34,7 +36,8 @@ def prefill_speed(outcomes: Iterable[tuple[int, TrialOutcome]]) -> PrefillSpeed 
     """The fastest prefill speed seen in (trial number, outcome) pairs, or None before any level ran."""
     best = None
     for number, out in outcomes:
-        levels = [lv for lv in out.levels if math.isfinite(lv.rate) and lv.metrics.completed]
+        levels = [lv for lv in out.levels if math.isfinite(lv.rate) and lv.metrics.completed
+                  and (lv.metrics.keep_up_ratio or 0.0) >= KEEP_UP_FRACTION]
         if not levels:
             continue
         quiet = min(levels, key=lambda lv: lv.rate)

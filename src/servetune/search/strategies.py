@@ -118,9 +118,10 @@ TIE = 0.05  # rates this close are a tie (the rate search's resolution)
 class ChunkLadder:
     """The chunked-prefill ladder as a warm start: the anchor config with chunked prefill on and each chunk
     size (`max_num_batched_tokens` below max-model-len). It starts at the anchor's chunk and climbs while
-    each rung beats the one below it; if the first climb does not beat the start, it walks down from the
-    start instead, while each rung beats the one above. A rung that fails, or is skipped before launching
-    (ruled out, infeasible), ends its direction. Pure: reads the study's trials, proposes (params, why)."""
+    each rung beats the one below it; if the start holds no rate, or the first climb does not beat it, it walks
+    down from the start instead, while each rung is not clearly worse than the one above (`_walk`). A rung that
+    fails, or is skipped before launching (ruled out, infeasible), ends a climb; going down, the next smaller chunk
+    is tried. Pure: reads the study's trials, proposes (params, why)."""
 
     def __init__(self, base: dict[str, Any], chunks: list[int], start: int, seqs: tuple[int, ...] = ()):
         self.base, self.chunks, self.start, self.seqs = base, chunks, start, seqs
@@ -156,7 +157,8 @@ class ChunkLadder:
     def _walk(self, done: dict[int, float]) -> tuple[int, str] | None:
         """The next rung's index and direction, or None when the ladder is over. A start that held no rate does
         not climb (a larger chunk stalls longer); going down goes on while a rung is not clearly worse than the one
-        above (within TIE, or both holding no rate): a smaller chunk's shorter stalls may show only further down."""
+        above (within TIE), and always below a rung that held no rate, failed or was ruled out: a smaller chunk's
+        shorter stalls may show only further down."""
         c, i = self.chunks, self.start
         if c[i] not in done:
             return i, "the start"
@@ -169,7 +171,7 @@ class ChunkLadder:
         j = self.start
 
         def better(lower: float, upper: float) -> bool:  # not clearly worse: a tie within noise goes on down
-            return lower >= upper * (1 - TIE) if upper > 0 else lower >= 0
+            return lower >= upper * (1 - TIE) if upper > 0 else True  # below a rung that held nothing: on down
 
         while j > 0 and c[j - 1] in done and better(done[c[j - 1]], done[c[j]]):
             j -= 1

@@ -100,6 +100,7 @@ class Scenario:
     budget: int = 4
     limit_s: float | None = 900.0
     strategy: str = "optuna"
+    references: tuple[dict[str, Any], ...] = ()  # configs measured as given, after the defaults
     level_requests: int = 600
     max_levels: int = 6
 
@@ -385,7 +386,7 @@ def simulate(scenario: Scenario, model: Path, out: Path, hooks: Hooks = Hooks())
     clock = SimClock()
     opts = TuneOptions(model=str(model), workload=WorkloadSpec.model_validate(scenario.workload), out=out,
                        slo=dict(scenario.slo), strategy=scenario.strategy, budget=scenario.budget,
-                       time_limit_s=scenario.limit_s, seed=scenario.seed,
+                       time_limit_s=scenario.limit_s, seed=scenario.seed, references=list(scenario.references),
                        levels=LevelOptions(requests=scenario.level_requests, max_levels=scenario.max_levels))
     published: list[Results] = []
 

@@ -1,0 +1,101 @@
+"""The tuner on the simulated engine (`servetune.testing.simengine`), over many generated scenarios: every tune with a
+15-minute limit, and the same tune without a limit, judged against the model's truth. Writes the per-scenario rows
+(JSON) and prints the table docs/results/simulated.md records.
+
+usage: .venv/bin/python bench/simulate.py [--scenarios 1000] [--workers 2] [--json docs/results/simulated.json]
+"""
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from servetune.testing.simengine import CLEAR_GAIN, DECIDABLE_RATE, draw_scenario, judge, simulate
+
+MODEL = Path(__file__).resolve().parents[1] / ".cache" / "tiny-llama"
+LIMIT_S = 900.0
+
+
+def run(seed: int) -> dict:
+    scenario = draw_scenario(seed, limit_s=LIMIT_S)
+    row = {"seed": seed, "device": scenario.device, "slo": sorted(scenario.slo), "budget": scenario.budget,
+           "capacity": round(scenario.capacity, 2), "fail_share": scenario.fail_share}
+    for name, limit in (("limited", LIMIT_S), ("unlimited", None)):
+        started = time.perf_counter()
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                result = simulate(replace(scenario, limit_s=limit), MODEL, Path(out) / "out")
+        except Exception as e:  # a crash is a finding, not the end of the run
+            row[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        judged = judge(scenario, result)
+        spent = result.summary.time
+        row[name] = {"answer": result.summary.answer, "state": result.summary.state, "ended_by": result.ended_by,
+                     "elapsed_s": round(result.elapsed_s, 1), "unused_s": spent.unused_s,
+                     "next_trial_s": spent.next_trial_s, "launched": len(result.rows),
+                     "defaults_true": judged.defaults, "recommended_true": judged.recommended,
+                     "best_true": judged.best, "clear_gain": judged.clear_gain, "decidable": judged.decidable,
+                     "named": judged.named, "wall_s": round(time.perf_counter() - started, 2)}
+    return row
+
+
+def share(part: list, whole: list) -> str:
+    return f"{len(part)} of {len(whole)} ({100 * len(part) / len(whole):.0f}%)" if whole else "0 of 0"
+
+
+def report(rows: list[dict]) -> str:
+    lim = [r for r in rows if "error" not in r["limited"]]
+    errors = [r["seed"] for r in rows if "error" in r["limited"] or "error" in r["unlimited"]]
+    answered = [r for r in lim if r["limited"]["answer"]]
+    by_time = [r for r in lim if r["limited"]["ended_by"] == "time"]
+    used = [r for r in by_time if r["limited"]["elapsed_s"] >= 0.9 * LIMIT_S
+            or r["limited"]["unused_s"] <= (r["limited"]["next_trial_s"] or 0)]
+    high = [r for r in by_time if r["limited"]["elapsed_s"] >= 0.9 * LIMIT_S]
+    clear = [r for r in lim if r["limited"]["clear_gain"]]
+    decidable = [r for r in lim if r["limited"]["decidable"]]
+    both = [r for r in lim if "error" not in r["unlimited"]]
+    reach = [r for r in both if r["unlimited"]["named"] and r["unlimited"]["elapsed_s"] <= LIMIT_S]
+    unl = [r for r in both if r["unlimited"]["named"]]
+    lines = [
+        f"| scenarios | {len(rows)} (crashed: {len(errors)} {errors[:10]}) |",
+        f"| ended with an answer (15 min) | {share(answered, lim)} |",
+        f"| ended by the time limit | {len(by_time)}; of them used >= 90% of it: {share(high, by_time)}; used it or "
+        f"left less than one trial's cost: {share(used, by_time)} |",
+        f"| a config of the chunk ladder >= {CLEAR_GAIN}x the defaults' true goodput | {len(clear)}; named in 15 "
+        f"min: {share([r for r in clear if r['limited']['named']], clear)} |",
+        f"| ... whose deciding level is short (>= {DECIDABLE_RATE:g} req/s) | {len(decidable)}; named: "
+        f"{share([r for r in decidable if r['limited']['named']], decidable)} |",
+        f"| the tune without a limit names one | {len(unl)}; the 15-min tune too: "
+        f"{share([r for r in unl if r['limited']['named']], unl)} |",
+        f"| ... and did so within 15 simulated minutes | {len(reach)}; the 15-min tune too: "
+        f"{share([r for r in reach if r['limited']['named']], reach)} |",
+        f"| simulated minutes the unlimited tunes took (median, max) | "
+        f"{statistics.median(r['unlimited']['elapsed_s'] for r in both) / 60:.0f}, "
+        f"{max(r['unlimited']['elapsed_s'] for r in both) / 60:.0f} |",
+        f"| wall seconds per scenario, both tunes (median) | "
+        f"{statistics.median(r['limited']['wall_s'] + r['unlimited']['wall_s'] for r in both):.1f} |",
+    ]
+    return "\n".join(["| | |", "|---|---|", *lines])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", type=int, default=1000)
+    parser.add_argument("--first", type=int, default=0, help="the first scenario's seed")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=Path("docs/results/simulated.json"))
+    args = parser.parse_args()
+    started = time.time()
+    with ProcessPoolExecutor(args.workers) as pool:
+        rows = list(pool.map(run, range(args.first, args.first + args.scenarios), chunksize=4))
+    args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    print(report(rows))
+    print(f"\n{len(rows)} scenarios in {time.time() - started:.0f} s with {args.workers} workers; rows in {args.json}")
+
+
+if __name__ == "__main__":
+    main()
