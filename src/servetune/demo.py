@@ -69,6 +69,7 @@ class MachineSpeed:
 def measure_machine(model: Path, out: Path) -> MachineSpeed:
     """Launch vLLM's defaults with the tiny model at `model`, time the demo's longest prompt, stop it. EngineFailed
     when vLLM does not start."""
+    model = model.resolve()  # vLLM takes a relative path for a model hub name
     spec = load_workload(WORKLOAD)
     requests = build_requests(spec, load_tokenizer(model), count=50)
     longest = max(requests, key=lambda r: r.prompt_len)

@@ -286,6 +286,8 @@ class Levels:
             search.tell(race.beat, beat.passed, far=failed_far(beat))
             if not beat.passed:
                 return search  # a tie: between the two rates it cannot beat the config that holds the best
+        if search.next_rate() is None:  # `max_levels` reached: no search for the capacity to bound
+            return search
         self.run(LevelName.CAPACITY, math.inf)
         search.capacity = max(search.passed, self.capacity or 0.0)
         return self._search(search)
