@@ -3,7 +3,7 @@ holds and how it was decided, or plainly that no rate held, and what was not don
 
 import outcomes
 from servetune.record import HeadToHead
-from servetune.results import Summary, SummaryEntry, answer
+from servetune.results import Summary, SummaryEntry, TimeSpent, answer
 
 
 def entry(trial: int, rate: float | None, bracket: tuple[float, float] | None = None) -> SummaryEntry:
@@ -45,6 +45,11 @@ def test_no_rate_decided_is_said_plainly_with_what_was_measured_and_what_was_not
     assert text.startswith("At the time limit: no rate decided: vLLM's defaults hold no rate down to 8.00 req/s "
                            "(capacity 2.00 req/s at full load); no other config was measured.")
     assert text.endswith("Not done: trial 0's rate search was cut short (time limit: ...).")
+    spent = TimeSpent(elapsed_s=600, launches_s=200, levels_s=390, head_to_head_s=0, other_s=10, unused_s=0,
+                      more_s=420.0)  # a cut level and a trial not launched would have needed 7 more minutes
+    slow = answer(summary(default=entry(0, None, (0.0, 0.9)), best=entry(0, None, (0.0, 0.9)), state="time-limit",
+                          time_limit_s=600, time=spent), [row(0, 0.0, (0.0, 0.9))])
+    assert "no other config was measured; give it ~17 minutes." in slow
     unmeasured = answer(summary(default=entry(0, None), best=entry(0, None)), [row(0, 0.0, (0.0, 8.0))])
     assert unmeasured == ("No rate decided: vLLM's defaults were not measured to a verdict (no level finished); no "
                           "other config was measured.")

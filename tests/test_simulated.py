@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servetune.testing.simengine import Scenario, draw_scenario, judge, simulate
+from servetune.testing.simengine import WORKLOADS, Scenario, draw_scenario, judge, simulate
 
 SCENARIOS = range(120)  # seeds of the 15-minute scenarios
 USED = 0.9  # of the limit, unless the budget or the strategy ended the tune, or what is left holds no trial
@@ -74,3 +74,21 @@ def test_any_scenario_ends_with_an_answer(tiny_model, seed, limit_s, budget, fai
     tune = run(scenario, tiny_model)
     assert tune["answer"] and tune["answer"] == tune["written"]
     assert tune["used"] <= 1.0 + 60 / limit_s  # a level or a launch may end at most a stop's time past it
+
+
+def test_the_two_tunes_that_crashed_now_end_with_an_answer(tiny_model):
+    """The fresh-clone demo on a slow VM (a cold first launch of 108 s, capacity under 1 req/s) and the held-out
+    heavy-tailed workload on one H200 (p99 TTFT <= 1.5 s and p99 ITL <= 35 ms, budget 4, 14 minutes), each of which
+    ended in a traceback with no answer: now an answer, and the limit used (or what is left holds no trial)."""
+    demo = draw_scenario(0, limit_s=540, workload={"num_requests": 400, "seed": 0, **WORKLOADS["demo"]},
+                         slo={"itl_p99_ms": 40.0}, device="cpu", cold_s=108, launch_s=58, capacity=0.9, itl_ms=5.0,
+                         prefill_ms_per_token=0.12, budget=3, level_requests=400, max_levels=4, strategy="optuna")
+    heavy = draw_scenario(1, limit_s=840, workload={"num_requests": 400, "seed": 0, "input_len": {
+        "type": "lognormal", "mean": 900, "std": 1200, "min": 64, "max": 3000}, "output_len": {
+        "type": "lognormal", "mean": 200, "std": 200, "min": 16, "max": 400}},
+        slo={"ttft_p99_ms": 1500.0, "itl_p99_ms": 35.0}, device="gpu", cold_s=201, launch_s=90, capacity=8.0,
+        itl_ms=9.0, prefill_ms_per_token=0.05, budget=4, strategy="optuna")
+    for scenario in (demo, heavy):
+        tune = run(scenario, tiny_model)
+        assert tune["answer"] and tune["answer"] == tune["written"], tune
+        assert tune["used"] >= USED or tune["ended_by"] != "time" or tune["unused_s"] <= tune["next_trial_s"], tune

@@ -207,6 +207,8 @@ def _tune(opts: "TuneOptions") -> "Summary":
     say(f"{summary.answer}\nreport: {opts.out / 'report.html'}")
     if summary.best is not None:
         say(f"run it: {summary.best_command}\noutputs: {opts.out}/ (state: {summary.state})")
+    if summary.time is not None:
+        say(f"time: {summary.time}")
     return summary
 
 

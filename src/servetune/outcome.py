@@ -88,6 +88,7 @@ class TrialOutcome(_Frozen):
     artifacts: str | None = None  # the trial's directory, relative to the study's output directory
     wall_s: float | None = None  # launch to stop
     cut_short: str | None = None  # "time limit": the deadline stopped the trial before its search ended
+    needed_s: float | None = None  # what the level the time limit left unmeasured needed
 
     @property
     def ok(self) -> bool:

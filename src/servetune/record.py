@@ -196,6 +196,7 @@ class Progress(_Stored):
     time_limit_s: float | None = None
     elapsed_s: float | None = None
     next_trial_s: float | None = None  # the least another trial needed when the tune last planned one
+    more_s: float | None = None  # what the time limit left undone needed: cut levels, trials not launched
 
 
 class LevelRecord(_Stored):

@@ -213,6 +213,7 @@ class TimeSpent(_Frozen):
     other_s: float
     unused_s: float | None  # None: no time limit
     next_trial_s: float | None = None  # the least another trial needed at the end (a launch, a deciding level)
+    more_s: float | None = None  # what the time limit left undone needed (its cut levels, trials not launched)
 
     def __str__(self) -> str:
         of = f" of {duration(self.elapsed_s + self.unused_s)}" if self.unused_s is not None else ""
@@ -313,7 +314,7 @@ def time_spent(record: StudyRecord, progress: Progress) -> "TimeSpent | None":
     return TimeSpent(elapsed_s=elapsed_s, launches_s=round(launches, 1), levels_s=round(levels, 1),
                      head_to_head_s=round(head_to_head, 1), other_s=round(max(0.0, elapsed_s - spent), 1),
                      unused_s=round(max(0.0, limit_s - elapsed_s), 1) if limit_s is not None else None,
-                     next_trial_s=progress.next_trial_s)
+                     next_trial_s=progress.next_trial_s, more_s=progress.more_s)
 
 
 def answer(summary: Summary, rows: list[TrialRow]) -> str:
@@ -380,6 +381,10 @@ def _no_rate(summary: Summary, rows: list[TrialRow]) -> str:
         lost = [r for r in others if r.goodput_bracket is not None]
         rest = (f"none of {_count(len(others), 'other config')} held a rate" if lost
                 else f"none of {_count(len(others), 'other config')} was measured to a verdict")
+    more = summary.time.more_s if summary.state == "time-limit" and summary.time else None
+    limit = summary.time_limit_s
+    if more and limit:
+        rest += f"; give it ~{math.ceil((limit + more) / 60)} minutes"
     return f"no rate decided: {first}; {rest}."
 
 

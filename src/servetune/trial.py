@@ -221,7 +221,7 @@ def run_trial(
     if refusal is not None:
         return TrialOutcome.failed(server.engine_args, refusal, **facts)
     if trial.cut is not None:
-        facts["cut_short"] = trial.cut
+        facts |= {"cut_short": trial.cut, "needed_s": trial.needed_s}
     if trial.levels and not plan.fixed_levels:
         facts |= _search_result(trial.levels, search)
     if not alive:
@@ -241,6 +241,7 @@ class Levels:
         self.on_level, self.on_record = on_level, on_record
         self.levels: list[LevelOutcome] = []
         self.cut: str | None = None
+        self.needed_s: float | None = None  # what the level the time limit left unmeasured needed
         self.capacity: float | None = None  # at full load, in the study's rate unit: the search's upper bound
 
     def measure(self) -> RateSearch | None:
@@ -345,10 +346,11 @@ class Levels:
             if isinstance(sized, str):
                 self.cut = (f"time limit: a {name} level at {rate:.2f} {plan.workload.rate_unit} needs {least} "
                             f"requests (~{duration(least / per_s)}), {sized}")
+                self.needed_s = least / per_s + self.drain_s()
                 return None
             n = sized
         elif now >= end:
-            self.cut = f"time limit: no time left for the {name} level"
+            self.cut, self.needed_s = f"time limit: no time left for the {name} level", CAPACITY_S
             return None
         deadline = self.budget.deadline if self.budget is not None else None
         box = CAPACITY_S if name == LevelName.CAPACITY and plan.objective == "goodput" else None

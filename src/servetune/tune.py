@@ -324,14 +324,17 @@ class Tuner:
     clock: TimePlan
     runtime: Runtime = Runtime()
     not_done: list[str] = field(default_factory=list)  # what the time limit (or a stop) left undone
+    unlaunched: int = 0  # trials of the budget the time limit left unlaunched
 
     def publish(self, state: str) -> Summary:
         """Record the tune's state in the study, read its results once and write every output from them;
         returns the summary."""
         record, opts = self.proposer.record, self.proposer.opts
         next_trial_s = round(self.clock.trial_s(self.next_trial().first_level_s), 1) if opts.time_limit_s else None
+        more_s = sum(t.outcome.needed_s or 0.0 for t in record.measured()) + self.unlaunched * (next_trial_s or 0.0)
         record.write_progress(Progress(state=state, not_done=self.not_done, time_limit_s=opts.time_limit_s,
-                                       elapsed_s=round(self.clock.elapsed(), 1), next_trial_s=next_trial_s))
+                                       elapsed_s=round(self.clock.elapsed(), 1), next_trial_s=next_trial_s,
+                                       more_s=round(more_s, 1) if more_s else None))
         results = Results(record)
         try:
             self.runtime.publish(results, opts.out)
@@ -346,6 +349,7 @@ class Tuner:
         the outputs."""
         record, budget, clock, running = self.proposer.record, self.proposer.opts.budget, self.clock, self.running
         self.not_done = [item for item in self.not_done if f"trials {OUT_OF_TIME}:" not in item]
+        self.unlaunched = 0
         held: Launch | None = None  # proposed, waiting for devices to free up
         announced = None  # the held trial's number once told to the hooks
         skipped = 0
@@ -401,7 +405,7 @@ class Tuner:
         return next_trial(self.proposer.record, self.proposer.plan, self.clock, self.proposer.opts.confirm)
 
     def _out_of_time(self, left: int, nxt: "NextTrial") -> None:
-        budget = self.proposer.opts.budget
+        budget, self.unlaunched = self.proposer.opts.budget, left
         need = duration(self.clock.trial_s(nxt.first_level_s))
         self.not_done.append(f"{left} of {budget} trials {OUT_OF_TIME}: the {duration(self.clock.remaining())} left "
                              f"hold no launch and first deciding level (~{need})"

@@ -483,7 +483,7 @@ def draw_scenario(seed: int, limit_s: float | None = 900.0, **fixed: Any) -> Sce
     itl_bound = 2 * scenario.itl_ms + chunk * scenario.prefill_ms_per_token
     slo = {name: round(itl_bound if name == "itl_p99_ms" else p99[name] * float(rng.uniform(1.15, 1.5)), 1)
            for name in names}
-    return replace(scenario, slo=slo, **fixed)
+    return replace(scenario, **({"slo": slo} | fixed))
 
 
 def _p99s(model: ConfigModel, rho: float, workload: WorkloadSpec, rng: np.random.Generator) -> dict[str, float]:
