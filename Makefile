@@ -39,7 +39,7 @@ demo: install
 # what it could not install).
 test: install
 	scripts/system-deps.sh $(BIN)
-	$(BIN)/pytest -q -rs
+	$(BIN)/pytest -q -rs --durations=25
 
 # The tests without vLLM (`-m "not vllm"`: no server started, no probe), with vLLM hidden from every Python they
 # start (tests/no_vllm/), so a test that needs vLLM without the marker fails here.

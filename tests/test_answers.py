@@ -4,6 +4,7 @@ or the head-to-head), the results read it, `answer` says what is known in a sent
 best_command.sh and the report are written. Studies are generated (Hypothesis) through servetune's own models."""
 
 import html
+import io
 import json
 import math
 import re
@@ -15,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+from rich.console import Console
 
 import outcomes
+from servetune.console import result_table
 from servetune.engine.logfacts import FailureKind, StartupFacts
 from servetune.outcome import Failure, LevelName, TrialOutcome
 from servetune.record import HeadToHead, LevelRecord, Progress, StudyMeta, StudyRecord, TrialRecord
@@ -157,6 +160,10 @@ def test_every_study_reads_into_an_answer_and_its_files(record):
         assert written["answer"] == results.summary.answer and written["state"] == results.summary.state
         assert (Path(out) / "best.yaml").exists() == (results.summary.best is not None)
         assert (Path(out) / "best_command.sh").exists() == (results.summary.best is not None)
+    table = Console(file=io.StringIO(), width=200)
+    table.print(result_table(results.summary))  # the CLI's table: "-" where a number was never measured
+    if results.summary.best is not None and results.summary.best.p99_ttft_ms is None:
+        assert "| -" in table.file.getvalue().replace("│", "|")
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

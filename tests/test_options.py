@@ -41,9 +41,15 @@ def test_tune_options_from_the_models_values(tiny_model, tmp_path):
 
 
 def test_the_demo_is_a_tune_with_its_own_values(tiny_model, tmp_path):
-    opts = DemoArgs(out=tmp_path, budget=2).tune(tiny_model).resolve()
-    assert opts.slo == {"itl_p99_ms": 40.0} and opts.strategy == "optuna" and opts.budget == 2
-    assert opts.levels == LevelOptions(requests=400, max_levels=4) and opts.time_limit_s == 540
+    opts = DemoArgs(out=tmp_path, budget=3).tune(tiny_model, itl_slo_ms=40, time_limit_s=420).resolve()
+    assert opts.slo == {"itl_p99_ms": 40.0} and opts.strategy == "optuna" and opts.budget == 3
+    assert opts.levels == LevelOptions(requests=400, max_levels=4) and opts.time_limit_s == 420
+    assert opts.model == str(tiny_model.resolve()) and opts.references == []
+    reference = tmp_path / "small-chunk.yaml"
+    reference.write_text("max-num-batched-tokens: 128\n")
+    slow = DemoArgs(out=tmp_path, budget=3).tune(tiny_model, itl_slo_ms=120.5, time_limit_s=300,
+                                                 reference=reference).resolve()
+    assert slow.budget == 2 and slow.slo == {"itl_p99_ms": 120.5} and slow.references == [{"max_num_batched_tokens": 128}]
 
 
 def test_bench_options_name_the_option_at_fault(tmp_path):

@@ -206,10 +206,15 @@ def result_table(summary: "Summary") -> Table:
     for name, m in (("default", summary.default), ("best", summary.best)):
         if m is None:
             continue
-        rate = "-" if m.goodput_rate is None else f"{m.goodput_rate:.2f}"
-        table.add_row(f"{name} (trial {m.trial})", rate, f"{m.request_throughput:.2f}",
-                      f"{m.p99_ttft_ms:.1f}", f"{m.p99_tpot_ms:.2f}", " ".join(to_argv(m.config)) or "-")
+        table.add_row(f"{name} (trial {m.trial})", _measured(m.goodput_rate, ".2f"),
+                      _measured(m.request_throughput, ".2f"), _measured(m.p99_ttft_ms, ".1f"),
+                      _measured(m.p99_tpot_ms, ".2f"), " ".join(to_argv(m.config)) or "-")
     return table
+
+
+def _measured(value: float | None, spec: str) -> str:
+    """A table cell: the value, or "-" where it was never measured."""
+    return "-" if value is None else format(value, spec)
 
 
 _VERIFY_ROWS = [("completed / failed", "{0.completed} / {0.failed}"),

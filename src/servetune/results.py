@@ -220,9 +220,9 @@ class TimeSpent(_Frozen):
         unused = f"; {duration(self.unused_s)} unused" if self.unused_s is not None else ""
         if self.unused_s and self.next_trial_s:
             unused += f" (a trial needed ~{duration(self.next_trial_s)})"
+        h2h = f", head-to-head {duration(self.head_to_head_s)}" if self.head_to_head_s >= 0.5 else ""
         return (f"{duration(self.elapsed_s)}{of}: launches {duration(self.launches_s)}, load levels "
-                f"{duration(self.levels_s)}, head-to-head {duration(self.head_to_head_s)}, other "
-                f"{duration(self.other_s)}{unused}")
+                f"{duration(self.levels_s)}{h2h}, other {duration(self.other_s)}{unused}")
 
 
 class Summary(_Frozen):
