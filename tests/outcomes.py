@@ -39,4 +39,4 @@ def row(trial: int, role: str = "search", **given: Any) -> "TrialRow":
     from servetune.results import TrialRow
 
     fields = {name: None for name, info in TrialRow.model_fields.items() if info.is_required()}
-    return TrialRow(**(fields | {"trial": trial, "role": role, "status": "ok", "config": {}} | given))
+    return TrialRow(**(fields | {"trial": trial, "role": role, "status": "ok", "config": {}, "slo_p99": {}} | given))

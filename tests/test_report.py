@@ -2,6 +2,7 @@
 
 import csv
 import html as html_text
+import io
 import json
 import math
 import re
@@ -13,12 +14,16 @@ import pytest
 import yaml
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+from rich.console import Console
 
 import outcomes
+from servetune.console import result_table
 from servetune.engine.logfacts import StartupFacts
 from servetune.outcome import SCHEMA_VERSION, LevelOutcome, TrialOutcome
 from servetune.report import write_report
+from servetune.record import StudyRecord
 from servetune.report.charts import pareto_front
+from servetune.results import Results
 from servetune.search.objective import RateSearch
 from servetune.study import STUDY_NAME, StudyError
 
@@ -193,9 +198,9 @@ def test_a_gain_within_the_resolution_keeps_the_defaults(tmp_path):
 
 
 def test_pareto_front_keeps_the_configs_nothing_beats():
-    points = [outcomes.row(n, value=v, p99_ttft_ms=lat) for n, v, lat in
+    points = [outcomes.row(n, value=v, slo_p99={"ttft_p99_ms": lat}) for n, v, lat in
               [(0, 5, 100), (1, 7, 120), (2, 6, 150), (3, 9, 300), (4, 9, 400), (5, 4, 90)]]
-    assert [p.trial for p in pareto_front(points, "p99_ttft_ms")] == [5, 0, 1, 3]
+    assert [p.trial for p in pareto_front(points, "ttft_p99_ms")] == [5, 0, 1, 3]
 
 
 def test_report_needs_a_servetune_study(tmp_path):
@@ -266,3 +271,34 @@ def test_a_multi_turn_studys_report_shows_its_turns(tmp_path):
     assert '<td class="n">845</td>' in section and "46.5 · 93.0" in section
     single = make_study(tmp_path / "single.db", [("default", {}, ran({}, 18, 16, 180))])
     assert 'id="per-turn"' not in write_report(single, tmp_path / "single").read_text()
+
+
+def test_a_study_with_ttft_itl_and_e2el_slos_headlines_their_p99s(tmp_path):
+    slo = {"ttft_p99_ms": 1500.0, "itl_p99_ms": 35.0, "e2el_p99_ms": 9000.0}
+
+    def measured(rate: float, itl: float) -> TrialOutcome:
+        """Capacity, a pass at `rate` (p99 ITL `itl`) and a fail above it."""
+        p99s = {"completed": 300, "p99_ttft_ms": 900.0, "p99_tpot_ms": 25.0, "p99_itl_ms": itl, "p99_e2el_ms": 7000.0}
+        over = p99s | {"p99_ttft_ms": 4000.0, "p99_itl_ms": 80.0, "p99_e2el_ms": 20000.0}
+        levels = [outcomes.level("capacity", math.inf, passed=False, request_throughput=2 * rate, **over),
+                  outcomes.level("search", rate, **p99s), outcomes.level("search", 1.5 * rate, passed=False, **over)]
+        return outcomes.ok(levels=levels, goodput_rate=rate, goodput_bracket=(rate, 1.5 * rate),
+                           request_throughput=2 * rate, p99_ttft_ms=900.0, p99_tpot_ms=25.0)
+
+    storage = make_study(tmp_path / "study.db", [("default", {}, measured(4.0, 31.0)),
+                                                 ("search", {"max_num_seqs": 64}, measured(8.0, 33.5))], slo=slo)
+    page = write_report(storage, tmp_path / "report")
+    html = page.read_text()
+    summary = json.loads((page.parent / "summary.json").read_text())
+    assert summary["best"]["slo_p99"] == {"ttft_p99_ms": 900.0, "itl_p99_ms": 33.5, "e2el_p99_ms": 7000.0}
+    assert summary["default"]["slo_p99"]["itl_p99_ms"] == 31.0
+    assert "p99 TTFT · ITL · E2EL" in html and "900.0 · 33.5 · 7,000.0" in html  # the headline card
+    assert all(f"<th>p99 {label}<small>ms</small></th>" in html for label in ("TTFT", "ITL", "E2EL"))
+    assert "<th>p99 TPOT" not in html
+    with open(page.parent / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["itl_p99_ms"] for row in rows] == ["31.0", "33.5"] and "p99_tpot_ms" in rows[0]
+    console = Console(file=io.StringIO(), width=200)
+    console.print(result_table(Results(StudyRecord(optuna.load_study(study_name=STUDY_NAME, storage=storage))).summary))
+    header = console.file.getvalue().splitlines()[2]
+    assert all(f"p99 {label} (ms)" in header for label in ("TTFT", "ITL", "E2EL")) and "TPOT" not in header

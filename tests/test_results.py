@@ -8,7 +8,8 @@ from servetune.results import Summary, SummaryEntry, TimeSpent, answer
 
 def entry(trial: int, rate: float | None, bracket: tuple[float, float] | None = None) -> SummaryEntry:
     return SummaryEntry(trial=trial, goodput_rate=rate, request_throughput=2 * (rate or 1.0), config={},
-                        p99_ttft_ms=None, p99_tpot_ms=None, goodput_bracket=list(bracket) if bracket else None)
+                        p99_ttft_ms=None, p99_tpot_ms=None, slo_p99={"tpot_p99_ms": None},
+                        goodput_bracket=list(bracket) if bracket else None)
 
 
 def row(trial: int, rate: float, bracket: tuple[float, float]):

@@ -56,15 +56,13 @@ def test_a_config_keeps_the_models_context_unless_vllm_would_refuse_it():
                                                        "max_model_len": 4096})
     # a KV cache that cannot hold one sequence of the context (vLLM would not start): tightened, with the reason
     small = space.config({"enable_chunked_prefill": True, "cpu_kvcache_space_gib": 0.25})
-    space.fit_kv_cache(small, longest_fitting=4095)
-    assert small["max_model_len"] == 1008
-    assert space.model_len_reason(small) == ("its KV cache (cpu_kvcache_space_gib 0.25) cannot hold one sequence "
-                                             "of the model's context: vLLM would not start")
+    fitted = space.fit_kv_cache(small, longest_fitting=4095)
+    assert fitted["max_model_len"] == 1008 and "max_model_len" not in small  # a new config; the one checked as it was
+    assert space.model_len_reason(fitted) == ("its KV cache (cpu_kvcache_space_gib 0.25) cannot hold one sequence "
+                                              "of the model's context: vLLM would not start")
     roomy = space.config({"enable_chunked_prefill": True, "cpu_kvcache_space_gib": 1})
-    space.fit_kv_cache(roomy, longest_fitting=4096)
-    assert "max_model_len" not in roomy
-    space.fit_kv_cache(whole, longest_fitting=512)  # tightened already: left as it is
-    assert whole["max_model_len"] == 1008
+    assert "max_model_len" not in space.fit_kv_cache(roomy, longest_fitting=4096)
+    assert space.fit_kv_cache(whole, longest_fitting=512)["max_model_len"] == 1008  # tightened already: as it is
 
 
 def test_a_floor_raises_what_is_tightened_and_a_fixed_max_model_len_is_every_configs():

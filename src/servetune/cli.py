@@ -198,7 +198,7 @@ def _tune(opts: "TuneOptions") -> "Summary":
     bar = progress_bar(auto_refresh=False)  # started by the first trial: an early error leaves no bar behind
     try:
         progress = TuneProgress(bar, opts.budget, levels=runs_inline(opts.parallel, opts.ray_address),
-                                rate_unit=opts.workload.rate_unit)
+                                rate_unit=opts.workload.rate_unit, slo=opts.slo)
         summary = run_tune(opts, progress)
     finally:
         if bar.live.is_started:

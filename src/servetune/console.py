@@ -2,8 +2,9 @@
 result table. It reads the typed results (`LevelMetrics`, `Summary`, `VerifyResult`, `TrialOutcome`) and nothing
 else."""
 
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,8 @@ from rich.table import Table
 
 from servetune.benchrun import BenchHooks
 from servetune.engine.args import to_argv
-from servetune.slo import LATENCIES, REQUESTS_PER_S, latency
+from servetune.outcome import headline_level
+from servetune.slo import LATENCIES, REQUESTS_PER_S, headline_latencies, latency
 
 if TYPE_CHECKING:
     from servetune.benchrun import BenchRun
@@ -139,8 +141,10 @@ class TuneProgress:
     made with auto_refresh=False and redrawn from the load generator's thread (`count_records`), so no Rich
     thread competes with the real-time event loop during a level."""
 
-    def __init__(self, bar: Progress, budget: int, levels: bool = True, rate_unit: str = REQUESTS_PER_S):
+    def __init__(self, bar: Progress, budget: int, levels: bool = True, rate_unit: str = REQUESTS_PER_S,
+                 slo: Mapping[str, float] | None = None):
         self.bar, self.unit = bar, rate_unit  # a level's rate: req/s, or a trace's speed-up factor
+        self.latencies = headline_latencies(slo or {})  # a trial's line shows their p99s
         self.trials = bar.add_task("trials", total=budget)
         self.level = bar.add_task("level", total=1, visible=False)
         self.record = count_records(bar, self.level)
@@ -166,7 +170,15 @@ class TuneProgress:
         self.running.remove(number)
         self._running()
         self.bar.advance(self.trials)
-        console.print(f"  trial {number}: {out.describe()}", highlight=False)
+        console.print(f"  trial {number}: {out.describe()}{self._p99s(out)}", highlight=False)
+
+    def _p99s(self, out: "TrialOutcome") -> str:
+        """The p99s of the latencies the SLOs bound at the trial's headline level ("" where none finished)."""
+        level = headline_level(out.levels)
+        if level is None:
+            return ""
+        at = "at full load" if math.isinf(level.rate) else f"at {level.rate:.2f} {self.unit}"
+        return f"; p99 {', '.join(f'{lat.label} {lat.p99(level.metrics):.1f}' for lat in self.latencies)} ms {at}"
 
     def trial_lost(self, number: int, reason: str) -> None:
         self.running.remove(number)
@@ -200,15 +212,17 @@ class TuneProgress:
 
 def result_table(summary: "Summary") -> Table:
     table = Table(title=f"servetune tune: {summary.objective} under {summary.slo or 'no SLO'}")
-    goodput = f"goodput rate ({summary.rate_unit})"
-    for col in ("", goodput, "throughput (req/s)", "p99 TTFT (ms)", "p99 TPOT (ms)", "config"):
+    latencies = headline_latencies(summary.slo)
+    for col in ("", f"goodput rate ({summary.rate_unit})", "throughput (req/s)",
+                *(f"p99 {lat.label} (ms)" for lat in latencies), "config"):
         table.add_column(col)
     for name, m in (("default", summary.default), ("best", summary.best)):
         if m is None:
             continue
         table.add_row(f"{name} (trial {m.trial})", _measured(m.goodput_rate, ".2f"),
-                      _measured(m.request_throughput, ".2f"), _measured(m.p99_ttft_ms, ".1f"),
-                      _measured(m.p99_tpot_ms, ".2f"), " ".join(to_argv(m.config)) or "-")
+                      _measured(m.request_throughput, ".2f"),
+                      *(_measured(m.slo_p99.get(lat.slo), ".1f") for lat in latencies),
+                      " ".join(to_argv(m.config)) or "-")
     return table
 
 

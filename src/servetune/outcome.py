@@ -6,6 +6,7 @@ Paths in an outcome are relative: a level's `records` and a failure's `log` to t
 the study, or come back from a cluster node, without rewriting the outcome.
 """
 
+import math
 from enum import StrEnum
 from typing import Any
 
@@ -66,6 +67,17 @@ class LevelOutcome(_Frozen):
     records: str  # the raw request records, relative to the trial's directory
     rejected: int  # requests the config rejected (HTTP 4xx) or cut short
     attempts: int  # a level the client could not send on time is sent once more
+
+
+def headline_level(levels: list[LevelOutcome]) -> LevelOutcome | None:
+    """The level a trial's headline p99s come from: its highest passing level at a finite rate, else its capacity
+    level where a request finished, else its first level (None: no level, or none finished a request)."""
+    passing = [lv for lv in levels if lv.passed and math.isfinite(lv.rate)]
+    if passing:
+        return max(passing, key=lambda lv: lv.rate)
+    capacity = next((lv for lv in levels if lv.name == LevelName.CAPACITY and lv.metrics.completed), None)
+    level = capacity or next(iter(levels), None)
+    return level if level is not None and level.metrics.completed else None
 
 
 class TrialOutcome(_Frozen):

@@ -7,6 +7,7 @@ Depends only on the study's record (`servetune.record`)."""
 import csv
 import io
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
-from servetune.outcome import LevelOutcome
+from servetune.outcome import LevelOutcome, headline_level
 from servetune.record import HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord
+from servetune.slo import headline_latencies
 from servetune.timelimit import duration
 from servetune.workload.fit import refused_beyond
 
@@ -39,6 +41,7 @@ class TrialRow(_Frozen):
     request_throughput: float | None
     p99_ttft_ms: float | None
     p99_tpot_ms: float | None
+    slo_p99: dict[str, float | None]  # the p99 (ms) of each latency the SLOs bound, keyed as `slo` (headline level)
     preemptions: float | None
     kv_cache_tokens: int | None
     ready_s: float | None
@@ -59,21 +62,24 @@ class TrialRow(_Frozen):
         """The objective's rate: the goodput rate, or the throughput at full load."""
         return self.goodput_rate if objective == "goodput" else self.request_throughput
 
-    def headline_level(self, objective: str) -> LevelOutcome | None:
-        """The level its p99s come from: the passing level at its goodput rate, else the capacity level."""
-        passing = [lv for lv in self.levels if objective == "goodput" and lv.passed and lv.rate == self.goodput_rate]
-        return next(iter(passing), next((lv for lv in self.levels if not math.isfinite(lv.rate)), None))
+    @property
+    def headline_level(self) -> LevelOutcome | None:
+        """The level its p99s come from (`outcome.headline_level`)."""
+        return headline_level(self.levels)
 
 
-def trial_row(t: RecordedTrial, out_dir: Path | None = None) -> TrialRow:
-    """A measured trial's row; `out_dir`: the study's output directory, for the path of a failed trial's log."""
+def trial_row(t: RecordedTrial, slo: Mapping[str, float], out_dir: Path | None = None) -> TrialRow:
+    """A measured trial's row, with the p99s of the latencies `slo` bounds; `out_dir`: the study's output directory,
+    for the path of a failed trial's log."""
     out = t.outcome
     startup = out.startup
     log = out.failure.log if out.failure else None
+    headline = headline_level(out.levels)
     return TrialRow(
         trial=t.number, role=t.record.role, status=str(out.status), config=out.config, goodput_rate=out.goodput_rate,
         goodput_bracket=list(out.goodput_bracket) if out.goodput_bracket else None,
         request_throughput=out.request_throughput, p99_ttft_ms=out.p99_ttft_ms, p99_tpot_ms=out.p99_tpot_ms,
+        slo_p99={lat.slo: lat.p99(headline.metrics) if headline else None for lat in headline_latencies(slo)},
         preemptions=out.preemptions, kv_cache_tokens=startup.kv_cache_tokens if startup else None,
         ready_s=startup.ready_s if startup else None, failure=str(out.failure) if out.failure else None,
         rejected_requests=out.rejected_requests, why=t.record.why, value=t.objective_value, params=t.params,
@@ -133,6 +139,7 @@ class SummaryEntry(_Frozen):
     request_throughput: float | None
     p99_ttft_ms: float | None
     p99_tpot_ms: float | None
+    slo_p99: dict[str, float | None]  # the p99 (ms) of each latency the SLOs bound, keyed as `slo`
     trial: int
     goodput_bracket: list[float] | None
 
@@ -426,7 +433,7 @@ class Results:
         self.meta = record.meta
         trials = record.trials()
         out_dir = Path(self.meta.out)
-        self.rows = [trial_row(t, out_dir) for t in trials if t.measured]
+        self.rows = [trial_row(t, self.meta.slo, out_dir) for t in trials if t.measured]
         self.unmeasured = unmeasured(trials)
         self.summary = summarize(self.meta, record, trials, self.rows)
 
@@ -441,10 +448,11 @@ def write_outputs(results: Results, out: Path) -> None:
         write_atomic(out / "best_command.sh", f"#!/bin/sh\n# servetune: the best config found\n{note}exec "
                                               f"{summary.best_command}\n", mode=0o755)
     table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=list(TrialRow.model_fields)[:16] if rows else ["trial"])
+    columns = [name for name, field in TrialRow.model_fields.items() if not field.exclude and name != "slo_p99"]
+    writer = csv.DictWriter(table, fieldnames=columns + list(rows[0].slo_p99) if rows else ["trial"])
     writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _csv(v) for k, v in row.model_dump().items()})
+    for row in rows:  # a column per SLO's p99, after the fixed ones
+        writer.writerow({k: _csv(v) for k, v in (row.model_dump(exclude={"slo_p99"}) | row.slo_p99).items()})
     write_atomic(out / "trials.csv", table.getvalue())
     write_json(out / "summary.json", summary.model_dump())
 

@@ -52,6 +52,11 @@ def latency(slo: str) -> Latency:
     return _BY_SLO[slo]
 
 
+def headline_latencies(slo: Mapping[str, Any]) -> tuple[Latency, ...]:
+    """The latencies a study's results headline: each one its SLOs bound, or TTFT and TPOT when it sets none."""
+    return tuple(lat for lat in LATENCIES if lat.slo in slo) or (TTFT, TPOT)
+
+
 def parse_slo(slo: Mapping[str, Any]) -> dict[str, float]:
     """Validate SLO names and values: {'ttft_p99_ms': 1000.0, ...}."""
     unknown = sorted(set(slo) - set(_BY_SLO))

@@ -26,7 +26,7 @@ from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
 from servetune.loadgen import LoadShape, RequestRecord
 from servetune.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
-from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
+from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
 from servetune.search.objective import RateSearch, keeping_up_unshown, level_verdict, rejected_requests
 from servetune.server import Server, VllmServer
 from servetune.slo import TPOT, TTFT
@@ -422,18 +422,15 @@ def failed_far(level: LevelOutcome) -> bool:
 
 def _search_result(levels: list[LevelOutcome], search: RateSearch | None) -> dict[str, Any]:
     """A search trial's headline figures: capacity (None: not measured), the goodput rate (None: none passed) and
-    its bracket (goodput objective), the p99s at the highest passing level (else at capacity, else at the first
-    level), preemptions and rejected requests in all."""
+    its bracket (goodput objective), the p99s at its `headline_level`, preemptions and rejected requests in all."""
     capacity = next((lv for lv in levels if lv.name == LevelName.CAPACITY and lv.metrics.completed), None)
     result: dict[str, Any] = {"request_throughput": capacity.metrics.request_throughput if capacity else None}
     if search is not None:
         result |= {"goodput_rate": search.goodput_rate, "goodput_bracket": search.bracket}
-    passing = [lv for lv in levels if lv.passed and math.isfinite(lv.rate)]
-    decisive = max(passing, key=lambda lv: lv.rate) if passing else capacity or levels[0]
-    measured = decisive.metrics.completed > 0
+    headline = headline_level(levels)
     return result | {
-        "p99_ttft_ms": decisive.metrics.p99_ttft_ms if measured else None,
-        "p99_tpot_ms": decisive.metrics.p99_tpot_ms if measured else None,
+        "p99_ttft_ms": headline.metrics.p99_ttft_ms if headline else None,
+        "p99_tpot_ms": headline.metrics.p99_tpot_ms if headline else None,
         "preemptions": sum((lv.server or {}).get("num_preemptions", 0) for lv in levels),
         "rejected_requests": sum(lv.rejected for lv in levels),
     }

@@ -124,7 +124,7 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
                                                              hooks.record)
         proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage)
         clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
-        tuner = Tuner(proposer, Dispatch(executor), hooks, clock, runtime)
+        tuner = Tuner(proposer=proposer, running=Dispatch(executor), hooks=hooks, clock=clock, runtime=runtime)
         tuner.publish("running")
         while True:
             out_of_time = tuner.search()
@@ -250,9 +250,10 @@ class Proposer:
         for i, reference in enumerate(opts.references):
             if f"reference-{i}" not in roles:
                 record.enqueue({}, TrialRecord(role=f"reference-{i}", planned={}, reference=reference))
-        plan = TrialPlan(opts.model, opts.workload, opts.slo, opts.objective, sets, opts.levels)
-        return cls(record, strategy, space, plan, opts, memory, vllm, executor.misfit,
-                   int(statistics.median(r.prompt_len for r in sets[0])))
+        plan = TrialPlan(model=opts.model, workload=opts.workload, slo=opts.slo, objective=opts.objective,
+                         level_sets=sets, levels=opts.levels)
+        return cls(record=record, strategy=strategy, space=space, plan=plan, opts=opts, memory=memory, vllm=vllm,
+                   misfit=executor.misfit, typical_prompt=int(statistics.median(r.prompt_len for r in sets[0])))
 
     @property
     def study(self) -> optuna.Study:
@@ -271,7 +272,7 @@ class Proposer:
             config = {**self.opts.engine_args, **reference}
         else:
             config = dict(self.opts.engine_args) if given else suggest(trial, self.space)
-        reason = None if given else self._refusal(config)
+        config, reason = (config, None) if given else self._fitted(config)
         job = Job(trial.number, config, self.plan, trial_dir(self.opts.out, trial.number))
         reason = reason or self.misfit(job)
         twin = None if given or reason else self._twin(trial, config)
@@ -289,21 +290,22 @@ class Proposer:
                         else REGISTRY[self.opts.strategy].why)  # proposed by the strategy's sampler
         return Launch(job, trial)
 
-    def _refusal(self, config: dict[str, Any]) -> str | None:
-        """Why a searched config is not worth a launch, or None. May set its max_model_len (where its KV cache
-        cannot hold the model's context) and its gpu_memory_utilization (the memory model's choices)."""
+    def _fitted(self, config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """A searched config as it would launch (with the memory model's max_model_len where its KV cache cannot
+        hold the model's context, and its gpu_memory_utilization), and why it is not worth a launch, or None.
+        `config` is left as it is."""
         if reason := self.space.violation(config):
-            return reason
+            return config, reason
         speed = prefill_speed((t.number, t.outcome) for t in self.record.measured() if t.outcome.ok)
         if reason := ruled_out(config, self.opts.slo, speed, self.typical_prompt):
-            return reason
+            return config, reason
         if self.memory is None:
-            return None
-        self.space.fit_kv_cache(config, self.memory.longest_fitting(config))
-        if not self.vllm.on_cpu and "gpu_memory_utilization" not in config:
-            config["gpu_memory_utilization"] = self.memory.gpu_memory_utilization(config)
-        misfit = self.memory.misfit(config) if config.get("gpu_memory_utilization", 1) else "no utilization fits"
-        return f"predicted not to start: {misfit}" if misfit else None
+            return config, None
+        fitted = self.space.fit_kv_cache(config, self.memory.longest_fitting(config))
+        if not self.vllm.on_cpu and "gpu_memory_utilization" not in fitted:
+            fitted["gpu_memory_utilization"] = self.memory.gpu_memory_utilization(fitted)
+        misfit = self.memory.misfit(fitted) if fitted.get("gpu_memory_utilization", 1) else "no utilization fits"
+        return fitted, f"predicted not to start: {misfit}" if misfit else None
 
     def _twin(self, trial: optuna.Trial, config: dict) -> RecordedTrial | None:
         """A trial measured or running with the same config."""
@@ -460,7 +462,7 @@ class Tuner:
         trials = len(measured)
         if (confirmation := record.confirmation) is not None and confirmation.search_trials == trials:
             return
-        rows = [trial_row(t) for t in measured]
+        rows = [trial_row(t, opts.slo) for t in measured]
         default = next((r for r in rows if r.role == "default" and r.ok), None)
         if default is None:
             return

@@ -25,6 +25,7 @@ from servetune.errors import ServetuneError
 from servetune.jsonio import write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
 from servetune.metrics import summarize
+from servetune.record import StudyMeta
 from servetune.results import Summary
 from servetune.slo import latency, parse_slo
 from servetune.server import reset_prefix_cache
@@ -101,7 +102,7 @@ def read_tune(out: Path) -> TunePick:
     trials.json; whether the tune was interrupted or is still running (its lock, `study.tuner_of`)."""
     try:
         summary = Summary.model_validate_json((out / "summary.json").read_text())
-        meta = json.loads((out / "trials.json").read_text())["meta"]
+        meta = StudyMeta.model_validate(json.loads((out / "trials.json").read_text())["meta"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         error = (f"{'.'.join(map(str, e.errors()[0]['loc']))}: {e.errors()[0]['msg']}"
                  if isinstance(e, ValidationError) else e)
@@ -110,7 +111,7 @@ def read_tune(out: Path) -> TunePick:
     if best is None:
         raise VerifyError(f"{out}: the tune recommends no config (no trial was measured)")
     rate = summary.recommended_rate if summary.objective == "goodput" else None
-    return TunePick(model=summary.model, config=best.config, slo=summary.slo, workload=meta["workload"],
+    return TunePick(model=summary.model, config=best.config, slo=summary.slo, workload=meta.workload,
                     rate=rate or None, note=_interim(out, summary.state))
 
 

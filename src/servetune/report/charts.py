@@ -13,10 +13,9 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
 from servetune.results import Results, TrialRow
-from servetune.slo import REQUESTS_PER_S, TPOT, TTFT
+from servetune.slo import REQUESTS_PER_S, Latency, headline_latencies
 
 DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
-LATENCIES = tuple((latency.p99_field, latency.slo, f"p99 {latency.label} (ms)") for latency in (TTFT, TPOT))
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,
          "axes.spines.right": False, "axes.grid": True, "grid.color": "#e5e7eb", "grid.linewidth": 0.8,
          "legend.frameon": False, "savefig.dpi": 120}
@@ -39,63 +38,66 @@ def measured_at(objective: str) -> str:
 
 
 def pareto_front(points: list[TrialRow], latency: str) -> list[TrialRow]:
-    """The points no other beats on both objective value (higher) and `latency` (lower), by latency."""
+    """The points no other beats on both objective value (higher) and the p99 of `latency` (an SLO key, lower), by
+    latency."""
     front: list[TrialRow] = []
-    for p in sorted(points, key=lambda p: (getattr(p, latency), -p.value)):
+    for p in sorted(points, key=lambda p: (p.slo_p99[latency], -p.value)):
         if not front or p.value > front[-1].value:
             front.append(p)
     return front
 
 
 def pareto(results: Results) -> Figure | None:
-    """Objective value against p99 TTFT and p99 TPOT for every trial that measured a rate; the front as a
-    staircase. None when none did."""
+    """Objective value against the p99 of each latency the SLOs bound (TTFT and TPOT without SLOs) for every trial
+    that measured a rate; the front as a staircase. None when none did."""
     (rows, default, best), objective, slo = _marked(results), results.meta.objective, results.meta.slo
     label_y = value_label(objective, results.summary.rate_unit)
     if not any(r.value for r in rows):
         return None
     with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(11, 4.2), layout="constrained")
-        axes = fig.subplots(1, 2, sharey=True)
-        for ax, (latency, slo_key, label) in zip(axes, LATENCIES):
-            points = [r for r in rows if r.value and getattr(r, latency) is not None]  # a rate and its p99s measured
-            front = pareto_front(points, latency)
-            ax.scatter([getattr(p, latency) for p in points], [p.value for p in points], s=36, color=OTHER,
+        latencies = headline_latencies(slo)
+        fig = Figure(figsize=(max(6.5, 5.5 * len(latencies)), 4.2), layout="constrained")
+        axes = fig.subplots(1, len(latencies), sharey=True, squeeze=False)[0]
+        for ax, lat in zip(axes, latencies):
+            slo_key, label = lat.slo, _label(lat)
+            points = [r for r in rows if r.value and r.slo_p99[slo_key] is not None]  # a rate and its p99s measured
+            front = pareto_front(points, slo_key)
+            ax.scatter([p.slo_p99[slo_key] for p in points], [p.value for p in points], s=36, color=OTHER,
                        edgecolor="#3b82f6", linewidth=0.6, zorder=2, label="measured config")
-            ax.plot([getattr(p, latency) for p in front], [p.value for p in front], drawstyle="steps-post", color=FRONT,
-                    linewidth=2, marker="o", markersize=7, zorder=3, label="Pareto front")
+            ax.plot([p.slo_p99[slo_key] for p in front], [p.value for p in front], drawstyle="steps-post",
+                    color=FRONT, linewidth=2, marker="o", markersize=7, zorder=3, label="Pareto front")
             for p in front:
                 if p.trial in (default, best):
                     continue  # labelled by _mark
-                ax.annotate(f"#{p.trial}", (getattr(p, latency), p.value), xytext=(5, -11), textcoords="offset points",
-                            fontsize=8, color="#92400e")
-            _mark(ax, points, default, best, latency)
+                ax.annotate(f"#{p.trial}", (p.slo_p99[slo_key], p.value), xytext=(5, -11),
+                            textcoords="offset points", fontsize=8, color="#92400e")
+            _mark(ax, points, default, best, slo_key)
             if slo_key in slo:
                 ax.axvline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2)
                 ax.annotate(f"SLO {slo[slo_key]:g} ms", (slo[slo_key], 0), xycoords=("data", "axes fraction"),
                             xytext=(-4, 4), textcoords="offset points", ha="right", color=SLO, fontsize=9)
-            _log_if_wide(ax.set_xscale, [getattr(p, latency) for p in points])
+            _log_if_wide(ax.set_xscale, [p.slo_p99[slo_key] for p in points])
             ax.set_xlabel(f"{label}, {measured_at(objective)}")
             ax.set_title(f"{label_y.split(' (')[0]} vs {label.split(' (')[0]}")
             ax.margins(x=0.1)
         axes[0].set_ylabel(label_y)
         axes[0].set_ylim(0, 1.15 * max(r.value for r in rows if r.value) or 1)
-        handles, labels = axes[1].get_legend_handles_labels()
+        handles, labels = axes[-1].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=9)
     return fig
 
 
 def _mark(ax, points: list[TrialRow], default: int | None, best: int | None, latency: str) -> None:
     for p in points:
+        x = p.slo_p99[latency]
         if p.trial == default:
             text = "default = recommended" if best == default else "vLLM default"
-            ax.scatter(getattr(p, latency), p.value, s=120, marker="s", facecolor="none", edgecolor=DEFAULT, linewidth=2,
-                       zorder=4)
-            ax.annotate(f"{text} (#{p.trial})", (getattr(p, latency), p.value), xytext=(10, -16),
+            ax.scatter(x, p.value, s=120, marker="s", facecolor="none", edgecolor=DEFAULT, linewidth=2, zorder=4)
+            ax.annotate(f"{text} (#{p.trial})", (x, p.value), xytext=(10, -16),
                         textcoords="offset points", fontsize=9, color="#374151", fontweight="bold")
         elif p.trial == best:
-            ax.scatter(getattr(p, latency), p.value, s=260, marker="*", color=BEST, edgecolor="white", zorder=5)
-            ax.annotate(f"recommended (#{p.trial})", (getattr(p, latency), p.value), xytext=(10, 6),
+            ax.scatter(x, p.value, s=260, marker="*", color=BEST, edgecolor="white", zorder=5)
+            ax.annotate(f"recommended (#{p.trial})", (x, p.value), xytext=(10, 6),
                         textcoords="offset points", fontsize=9, color=BEST, fontweight="bold")
 
 
@@ -107,20 +109,23 @@ def _log_if_wide(set_scale, values: list[float]) -> None:
 
 
 def load_curves(results: Results) -> Figure | None:
-    """p99 TTFT and TPOT against the offered request rate, one line per config through its load levels.
-    The capacity level (every request at once) sits at the rate it achieved. None without any level."""
+    """The p99 of each latency the SLOs bound (TTFT and TPOT without SLOs) against the offered request rate, one line
+    per config through its load levels. The capacity level (every request at once) sits at the rate it achieved.
+    None without any level."""
     (rows, default, best), slo = _marked(results), results.meta.slo
     in_req_s = results.summary.rate_unit == REQUESTS_PER_S  # a trace's levels: at the req/s they offered
-    if not any(_level_points(r, LATENCIES[0][0], in_req_s) for r in rows):
+    latencies = headline_latencies(slo)
+    if not any(_level_points(r, latencies[0], in_req_s) for r in rows):
         return None
     with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(11, 4.2), layout="constrained")
-        axes = fig.subplots(1, 2)
+        fig = Figure(figsize=(max(6.5, 5.5 * len(latencies)), 4.2), layout="constrained")
+        axes = fig.subplots(1, len(latencies), squeeze=False)[0]
         order = sorted(rows, key=lambda r: (r.trial == best, r.trial == default))  # highlights on top
-        for ax, (latency, slo_key, label) in zip(axes, LATENCIES):
+        for ax, lat in zip(axes, latencies):
+            slo_key, label = lat.slo, _label(lat)
             values = []
             for row in order:
-                levels = sorted(_level_points(row, latency, in_req_s), key=lambda p: p[0])
+                levels = sorted(_level_points(row, lat, in_req_s), key=lambda p: p[0])
                 if not levels:
                     continue
                 color, width, z = ((BEST, 2.4, 4) if row.trial == best else (DEFAULT, 2.2, 3)
@@ -140,12 +145,16 @@ def load_curves(results: Results) -> Figure | None:
             ax.set_ylabel(label)
             ax.set_title(f"{label.split(' (')[0]} under load")
             ax.set_xlim(left=0)
-        axes[1].legend(handles=_load_legend(default, best), loc="upper left", fontsize=9)
+        axes[-1].legend(handles=_load_legend(default, best), loc="upper left", fontsize=9)
     return fig
 
 
-def _level_points(row: TrialRow, latency: str, in_req_s: bool) -> list[tuple[float, float, bool, bool]]:
-    """(rate in req/s, the level's `latency`, passed, capacity level) of each of the row's `LevelOutcome`s in which a
+def _label(latency: Latency) -> str:
+    return f"p99 {latency.label} (ms)"
+
+
+def _level_points(row: TrialRow, latency: Latency, in_req_s: bool) -> list[tuple[float, float, bool, bool]]:
+    """(rate in req/s, the level's p99 of `latency`, passed, capacity level) of each of the row's levels in which a
     request finished (no other has a latency); the rate of a level whose rate is not in req/s (a trace's speed-up
     factor) is the rate it offered."""
     points = []
@@ -155,7 +164,7 @@ def _level_points(row: TrialRow, latency: str, in_req_s: bool) -> list[tuple[flo
         capacity = not math.isfinite(level.rate)
         x = (level.metrics.request_throughput if capacity else level.rate if in_req_s
              else level.metrics.offered_request_rate)
-        points.append((x, getattr(level.metrics, latency), level.passed, capacity))
+        points.append((x, latency.p99(level.metrics), level.passed, capacity))
     return points
 
 

@@ -11,6 +11,7 @@ import yaml
 from servetune.engine.args import to_argv
 from servetune.report.charts import measured_at, value_label
 from servetune.results import Results, vllm_config_yaml
+from servetune.slo import headline_latencies
 
 TEMPLATE = Path(__file__).with_name("report.html.j2").read_text()
 
@@ -57,7 +58,7 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
     shown = [("recommended", best.trial)] if best else []
     shown += [("vLLM's defaults", default.trial)] if default and (not best or default.trial != best.trial) else []
     per_turn = [(who, trial, level) for who, trial in shown
-                if (level := rows[trial].headline_level(meta.objective)) is not None and level.metrics.per_turn]
+                if (level := rows[trial].headline_level) is not None and level.metrics.per_turn]
     headroom = summary.headroom  # a max-model-len below the model's context: what it refuses
     return env.from_string(TEMPLATE).render(
         meta=meta, summary=summary, rows=results.rows, unmeasured=results.unmeasured, importance=importance,
@@ -71,4 +72,5 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
         if best else None, headroom=headroom,
         best_command=command(meta.model, best.config) if best else None,
         workload=yaml.safe_dump(meta.workload, sort_keys=False), per_turn=per_turn,
+        latencies=headline_latencies(meta.slo),
     )

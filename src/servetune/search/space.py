@@ -52,12 +52,13 @@ class SearchSpace:
             config["max_model_len"] = self.max_model_len
         return config
 
-    def fit_kv_cache(self, config: dict[str, Any], longest_fitting: int) -> None:
-        """Tighten `config` to max_model_len when its KV cache holds one sequence of at most
-        `longest_fitting` tokens (the memory model's prediction), less than the model's context: vLLM would
-        refuse to start with the context."""
+    def fit_kv_cache(self, config: Mapping[str, Any], longest_fitting: int) -> dict[str, Any]:
+        """`config`, tightened to max_model_len when its KV cache holds one sequence of at most `longest_fitting`
+        tokens (the memory model's prediction), less than the model's context: vLLM would refuse to start with
+        the context. A new dict; `config` is left as it is."""
         if "max_model_len" not in config and self.context and longest_fitting < self.context:
-            config["max_model_len"] = self.max_model_len
+            return {**config, "max_model_len": self.max_model_len}
+        return dict(config)
 
     def model_len_reason(self, config: Mapping[str, Any]) -> str | None:
         """Why a config (`config`'s, or tightened by `fit_kv_cache`) launches with a max-model-len below the
