@@ -20,7 +20,7 @@ from typing import Any
 from servetune.dispatch import Dispatch
 from servetune.executors import Job
 from servetune.outcome import LevelOutcome, TrialOutcome
-from servetune.record import HeadToHead, LevelRecord
+from servetune.record import HeadToHead, HeadToHeadVerdict, LevelRecord
 from servetune.results import TrialRow
 from servetune.timelimit import LevelBudget
 from servetune.slo import REQUESTS_PER_S, latency
@@ -75,14 +75,14 @@ def decide(pick: TrialRow | None, default: TrialRow, level: LevelOutcome | None,
     reason in the study's `rate_unit`."""
     base = default.goodput_rate
     if pick is None:
-        return HeadToHead(method=method, pick=None, head_to_head=None, verdict="defaults",
+        return HeadToHead(method=method, pick=None, head_to_head=None, verdict=HeadToHeadVerdict.DEFAULTS,
                           recommended_trial=default.trial, recommended_goodput_rate=base,
                           default_goodput_rate=base, reason="no searched config beat them")
     rate = pick.goodput_rate
     decided = HeadToHead(
         method=method,
         pick=level_record(pick_level, pick.trial) if pick_level else LevelRecord(trial=pick.trial, rate=rate),
-        head_to_head=level_record(level) if level is not None else None, verdict="not run",
+        head_to_head=level_record(level) if level is not None else None, verdict=HeadToHeadVerdict.NOT_RUN,
         recommended_trial=pick.trial, recommended_goodput_rate=rate, default_goodput_rate=base, reason="")
     name = f"trial {pick.trial}"
     if level is None:
@@ -93,13 +93,13 @@ def decide(pick: TrialRow | None, default: TrialRow, level: LevelOutcome | None,
     if level.verdict == Decision.FAIL:
         where = (f"at {rate:.2f} {rate_unit}" if method == "head-to-head"
                  else f"at {level.rate:.2f} {rate_unit} in their own search, at or below {name}'s {rate:.2f}")
-        return decided.model_copy(update={"verdict": "confirmed", "reason": f"the defaults fail {where} ({why})"})
+        return decided.model_copy(update={"verdict": HeadToHeadVerdict.CONFIRMED, "reason": f"the defaults fail {where} ({why})"})
     if level.verdict == Decision.PASS:
         return decided.model_copy(update={
-            "verdict": "not confirmed", "recommended_trial": default.trial, "default_goodput_rate": rate,
+            "verdict": HeadToHeadVerdict.NOT_CONFIRMED, "recommended_trial": default.trial, "default_goodput_rate": rate,
             "reason": f"the defaults hold {rate:.2f} {rate_unit} too, where {name} holds it: keep the defaults"})
     return decided.model_copy(update={
-        "verdict": "undecided",
+        "verdict": HeadToHeadVerdict.UNDECIDED,
         "reason": f"{name} holds {rate:.2f} {rate_unit}; at that rate the defaults were undecided ({why}): the gain "
                   "is not shown"})
 

@@ -16,6 +16,7 @@ from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable
 from servetune.knobs import optional_help
 from servetune.search.strategies import strategy_help
+from servetune.slo import Objective
 
 if TYPE_CHECKING:
     from servetune.benchrun import BenchOptions
@@ -117,7 +118,8 @@ class TuneArgs(_Args):
     workload: Annotated[Path, Option(help="Workload YAML file.")]
     out: Annotated[Path, Option(help="Output directory.")]
     slo: Slo = []
-    objective: Annotated[str, Option(help="goodput (highest rate within SLOs) or throughput (at rate inf).")] = "goodput"
+    objective: Annotated[Objective, Option(help="goodput (highest rate within SLOs) or throughput (at rate "
+                                                "inf).")] = Objective.GOODPUT
     strategy: Annotated[str, Option(help=strategy_help())] = "optuna"
     budget: Annotated[int, Option(min=1, help="Servers to launch, vLLM's defaults included.")] = 6
     study: Annotated[Optional[str], Option(
@@ -163,8 +165,6 @@ class TuneArgs(_Args):
 
         if self.strategy not in REGISTRY:
             raise UsageError(f"--strategy: unknown strategy {self.strategy!r}; choose from {', '.join(REGISTRY)}")
-        if self.objective not in ("goodput", "throughput"):
-            raise UsageError(f"--objective: unknown objective {self.objective!r}; use goodput or throughput")
         slo_pairs = pairs(self.slo, "--slo")
         with about("--slo"):
             slos = parse_slo(slo_pairs)

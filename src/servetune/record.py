@@ -14,6 +14,7 @@ the study's record. Both read the same; a study written by a newer servetune is 
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Self
 
 import optuna
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 from servetune.errors import StudyError
 from servetune.memory import Calibration
 from servetune.outcome import TrialOutcome
+from servetune.slo import Objective
 from servetune.verdict import SloTest
 
 RECORD_VERSION = 2  # 2: a trial's `interrupted` in the study's record (`StudyRecord.requeue`); the version kept
@@ -145,7 +147,7 @@ class StudyMeta(_Stored):
     model: str
     workload: dict[str, Any]  # the WorkloadSpec as JSON
     slo: dict[str, int | float]  # as given (an int stays one)
-    objective: str
+    objective: Objective
     strategy: str
     budget: int | None = None
     space: dict[str, Any]  # `SearchSpace.to_dict`
@@ -188,10 +190,19 @@ class StudyMeta(_Stored):
         return (self.model_len or {}).get("max_chars_per_token") or 0
 
 
-class Progress(_Stored):
-    """Where the tune stands: running, interrupted, time-limit or complete; what it left undone."""
+class TuneState(StrEnum):
+    """Where a tune stands."""
 
-    state: str = "complete"
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"  # stopped by a signal: --resume goes on
+    TIME_LIMIT = "time-limit"  # ended by --time-limit with something left undone
+    COMPLETE = "complete"
+
+
+class Progress(_Stored):
+    """Where the tune stands and what it left undone."""
+
+    state: TuneState = TuneState.COMPLETE
     not_done: list[str] = []
     time_limit_s: float | None = None
     elapsed_s: float | None = None
@@ -212,6 +223,16 @@ class LevelRecord(_Stored):
     p99: dict[str, float] | None = None
 
 
+class HeadToHeadVerdict(StrEnum):
+    """What the head-to-head decided (`confirm.decide`)."""
+
+    CONFIRMED = "confirmed"  # the defaults fail at the pick's rate: the pick is recommended
+    NOT_CONFIRMED = "not confirmed"  # the defaults hold the pick's rate too: they are kept
+    UNDECIDED = "undecided"  # the defaults' level at that rate reached no verdict
+    NOT_RUN = "not run"  # the defaults were not measured at the pick's rate
+    DEFAULTS = "defaults"  # no searched config beat the defaults
+
+
 class HeadToHead(_Stored):
     """The head-to-head (`confirm.decide`): the pick's deciding level, the defaults' level that decides it (method
     `search`: their own search's failure at or below the pick's rate; `head-to-head`: the defaults launched again at
@@ -223,7 +244,7 @@ class HeadToHead(_Stored):
     method: str | None = None
     pick: LevelRecord | None = None
     head_to_head: LevelRecord | None = None
-    verdict: str
+    verdict: HeadToHeadVerdict
     recommended_trial: int
     recommended_goodput_rate: float | None
     default_goodput_rate: float | None
@@ -233,7 +254,7 @@ class HeadToHead(_Stored):
 
     @property
     def confirmed(self) -> bool:
-        return self.verdict == "confirmed"
+        return self.verdict == HeadToHeadVerdict.CONFIRMED
 
 
 class StudyRecord:

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
-from servetune.outcome import LevelOutcome, headline_level
-from servetune.record import HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord
-from servetune.slo import headline_latencies
+from servetune.outcome import LevelOutcome, TrialStatus, headline_level
+from servetune.record import HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord, TuneState
+from servetune.slo import Objective, headline_latencies
 from servetune.timelimit import duration
 from servetune.workload.fit import refused_beyond
 
@@ -34,7 +34,7 @@ class TrialRow(_Frozen):
 
     trial: int
     role: str
-    status: str  # ok | failed
+    status: TrialStatus
     config: dict[str, Any]  # as launched
     goodput_rate: float | None
     goodput_bracket: list[float] | None  # the search's highest passed and lowest not passed rates
@@ -56,11 +56,11 @@ class TrialRow(_Frozen):
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == TrialStatus.OK
 
-    def rate(self, objective: str) -> float | None:
+    def rate(self, objective: Objective) -> float | None:
         """The objective's rate: the goodput rate, or the throughput at full load."""
-        return self.goodput_rate if objective == "goodput" else self.request_throughput
+        return self.goodput_rate if objective == Objective.GOODPUT else self.request_throughput
 
     @property
     def headline_level(self) -> LevelOutcome | None:
@@ -76,7 +76,7 @@ def trial_row(t: RecordedTrial, slo: Mapping[str, float], out_dir: Path | None =
     log = out.failure.log if out.failure else None
     headline = headline_level(out.levels)
     return TrialRow(
-        trial=t.number, role=t.record.role, status=str(out.status), config=out.config, goodput_rate=out.goodput_rate,
+        trial=t.number, role=t.record.role, status=out.status, config=out.config, goodput_rate=out.goodput_rate,
         goodput_bracket=list(out.goodput_bracket) if out.goodput_bracket else None,
         request_throughput=out.request_throughput, p99_ttft_ms=out.p99_ttft_ms, p99_tpot_ms=out.p99_tpot_ms,
         slo_p99={lat.slo: lat.p99(headline.metrics) if headline else None for lat in headline_latencies(slo)},
@@ -147,8 +147,8 @@ class SummaryEntry(_Frozen):
     def of(cls, row: TrialRow | None) -> "SummaryEntry | None":
         return None if row is None else cls(**row.model_dump(include=set(cls.model_fields)))
 
-    def rate(self, objective: str) -> float | None:
-        return self.goodput_rate if objective == "goodput" else self.request_throughput
+    def rate(self, objective: Objective) -> float | None:
+        return self.goodput_rate if objective == Objective.GOODPUT else self.request_throughput
 
 
 class Headroom(_Frozen):
@@ -160,18 +160,18 @@ class Headroom(_Frozen):
     comment: str  # best.yaml's, best_command.sh's and the report's
 
 
-def beats(row: TrialRow, default: TrialRow, objective: str) -> bool:
+def beats(row: TrialRow, default: TrialRow, objective: Objective) -> bool:
     """Whether a measured row beats the default's beyond the measurement's resolution: for goodput, it holds a rate
     at or above the lowest rate the defaults did not pass (their brackets do not overlap), or any rate where the
     defaults hold none; for throughput, by more than 5%."""
-    if objective == "goodput":
+    if objective == Objective.GOODPUT:
         if not row.goodput_rate:
             return False
         return not default.goodput_rate or row.goodput_rate >= (default.goodput_bracket or [0.0, 0.0])[1]
     return (row.request_throughput or 0.0) > 1.05 * (default.request_throughput or 0.0)
 
 
-def choose_best(rows: list[TrialRow], objective: str) -> tuple[TrialRow | None, TrialRow | None, bool]:
+def choose_best(rows: list[TrialRow], objective: Objective) -> tuple[TrialRow | None, TrialRow | None, bool]:
     """(default, best, significant). The best must beat the default (`beats`); otherwise the default is
     recommended."""
     ok = [r for r in rows if r.ok]
@@ -237,11 +237,11 @@ class Summary(_Frozen):
     head-to-head's recommendation when there was one), whether and by how much it beats them, the rate it
     holds, where the budget went, what was not done, and in a sentence or two what to run (`answer`)."""
 
-    state: str  # running | interrupted | time-limit | complete
+    state: TuneState
     not_done: list[str]
     time_limit_s: float | None
     elapsed_s: float | None
-    objective: str
+    objective: Objective
     slo: dict[str, int | float]
     confidence: float | None  # of each level's verdict (None: point p99s, before statistical verdicts)
     rate_unit: str  # req/s, or for a trace its speed-up factor
@@ -275,7 +275,7 @@ class Summary(_Frozen):
         """The rate the recommendation holds: the head-to-head's, else the best config's own."""
         if self.best is None:
             return None
-        if self.objective == "goodput" and self.confirmation is not None and self.confirmation.method is not None:
+        if self.objective == Objective.GOODPUT and self.confirmation is not None and self.confirmation.method is not None:
             return self.confirmation.recommended_goodput_rate
         return self.best.rate(self.objective)
 
@@ -328,8 +328,8 @@ def answer(summary: Summary, rows: list[TrialRow]) -> str:
     """What to run, in a sentence or two, whatever the study holds: the recommended config and the rate it holds
     (decided at a stated confidence), against vLLM's defaults; or what is known when no rate was decided, and
     what was not done. The CLI and the report both print it."""
-    state = {"running": "So far: ", "interrupted": "Interrupted: ", "time-limit": "At the time limit: "}.get(
-        summary.state, "")
+    state = {TuneState.RUNNING: "So far: ", TuneState.INTERRUPTED: "Interrupted: ",
+             TuneState.TIME_LIMIT: "At the time limit: "}.get(summary.state, "")
     not_done = f" Not done: {'; '.join(summary.not_done)}." if summary.not_done else ""
     ok = [r for r in rows if r.ok]
     if not rows:
@@ -337,7 +337,7 @@ def answer(summary: Summary, rows: list[TrialRow]) -> str:
     elif not ok:
         kinds = sorted({(r.failure or "failed").split(":")[0] for r in rows})
         text = f"no config ran: {_count(len(rows), 'launch')}, all failed ({', '.join(kinds)}); the table says why."
-    elif summary.objective == "goodput":
+    elif summary.objective == Objective.GOODPUT:
         text = _goodput_answer(summary, rows)
     else:
         text = _throughput_answer(summary, rows)
@@ -388,7 +388,7 @@ def _no_rate(summary: Summary, rows: list[TrialRow]) -> str:
         lost = [r for r in others if r.goodput_bracket is not None]
         rest = (f"none of {_count(len(others), 'other config')} held a rate" if lost
                 else f"none of {_count(len(others), 'other config')} was measured to a verdict")
-    more = summary.time.more_s if summary.state == "time-limit" and summary.time else None
+    more = summary.time.more_s if summary.state == TuneState.TIME_LIMIT and summary.time else None
     limit = summary.time_limit_s
     if more and limit:
         rest += f"; give it ~{math.ceil((limit + more) / 60)} minutes"

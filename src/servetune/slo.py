@@ -5,11 +5,19 @@ unit: req/s, or for a trace replay its speed-up factor."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from servetune.errors import ServetuneError
 from servetune.loadgen.records import RequestRecord
 from servetune.metrics import LevelMetrics, e2el_ms, tpot_ms, ttft_ms
+
+class Objective(StrEnum):
+    """What a study maximizes."""
+
+    GOODPUT = "goodput"  # the highest request rate whose levels meet the SLOs
+    THROUGHPUT = "throughput"  # the request rate at full load (every request at once)
+
 
 REQUESTS_PER_S = "req/s"
 TRACE_SPEED = "x trace speed"  # a trace's rates are speed-up factors (1: as recorded)

@@ -29,7 +29,7 @@ from servetune.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
 from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
 from servetune.search.objective import RateSearch, keeping_up_unshown, level_verdict, rejected_requests
 from servetune.server import Server, VllmServer
-from servetune.slo import TPOT, TTFT
+from servetune.slo import TPOT, TTFT, Objective
 from servetune.timelimit import Clock, LevelBudget, duration
 from servetune.verdict import Decision, LevelTest, SloTest, least_counted
 from servetune.workload import RequestSpec, WorkloadSpec
@@ -67,7 +67,7 @@ class TrialPlan:
     model: str
     workload: WorkloadSpec
     slo: dict[str, float]
-    objective: str  # "goodput" or "throughput"
+    objective: Objective
     level_sets: list[list[RequestSpec]]  # a fresh prompt set per level; set 0 is for the capacity level
     levels: LevelOptions = LevelOptions()
     engine_env: dict[str, str] = field(default_factory=dict)
@@ -253,7 +253,7 @@ class Levels:
                 if not self.server.alive() or self.run(LevelName.CONFIRM, rate, warmup if i == 0 else 0, seed) is None:
                     break
             return None
-        if self.plan.objective != "goodput":
+        if self.plan.objective != Objective.GOODPUT:
             self.run(LevelName.CAPACITY, math.inf, warmup)
             return None
         if self.plan.race is not None:
@@ -334,7 +334,7 @@ class Levels:
         seed = index if seed is None else seed
         requests = plan.level_sets[index % len(plan.level_sets)]
         n = min(plan.levels.requests, len(requests) - warmup)
-        if name == LevelName.CAPACITY and plan.objective == "goodput":  # only an upper bound for the rate search
+        if name == LevelName.CAPACITY and plan.objective == Objective.GOODPUT:  # only an upper bound for the rate search
             n = min(n, 3 * plan.levels.min_requests)
         per_s = requests_per_s(plan, rate)
         now, end = self.clock.time(), self.end()
@@ -353,7 +353,7 @@ class Levels:
             self.cut, self.needed_s = f"time limit: no time left for the {name} level", CAPACITY_S
             return None
         deadline = self.budget.deadline if self.budget is not None else None
-        box = CAPACITY_S if name == LevelName.CAPACITY and plan.objective == "goodput" else None
+        box = CAPACITY_S if name == LevelName.CAPACITY and plan.objective == Objective.GOODPUT else None
         for attempt in range(2):  # a level the client could not send on time is sent once more
             if self.on_level:
                 self.on_level(name, rate, n + warmup)

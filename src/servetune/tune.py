@@ -30,9 +30,9 @@ from servetune.results import Results, Summary, TrialRow, beats, trial_row
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
-from servetune.slo import latency
+from servetune.slo import Objective, latency
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
-from servetune.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, read_trial,
+from servetune.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, TuneState, read_trial,
                               write_trial)
 from servetune.study import StudyLock, check_storage, default_storage, open_study, trial_dir
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
@@ -53,7 +53,7 @@ class TuneOptions:
     workload: WorkloadSpec
     out: Path
     slo: dict[str, float] = field(default_factory=dict)
-    objective: str = "goodput"  # or "throughput"
+    objective: Objective = Objective.GOODPUT
     strategy: str = "optuna"
     budget: int = 6  # servers to launch, vLLM's defaults included
     storage: str | None = None  # Optuna storage URL; None: sqlite in `out`
@@ -73,9 +73,9 @@ class TuneOptions:
     def __post_init__(self) -> None:
         if self.min_model_len is not None and self.min_model_len < 1:
             raise ServetuneError(f"--min-model-len must be a positive number of tokens, not {self.min_model_len}")
-        if self.objective not in ("goodput", "throughput"):
+        if self.objective not in tuple(Objective):
             raise ServetuneError(f"unknown objective {self.objective!r}; use goodput or throughput")
-        if self.objective == "goodput" and not self.slo:
+        if self.objective == Objective.GOODPUT and not self.slo:
             raise ServetuneError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
 
 
@@ -125,19 +125,19 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
         proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage)
         clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
         tuner = Tuner(proposer=proposer, running=Dispatch(executor), hooks=hooks, clock=clock, runtime=runtime)
-        tuner.publish("running")
+        tuner.publish(TuneState.RUNNING)
         while True:
             out_of_time = tuner.search()
-            if not (opts.confirm and opts.objective == "goodput"):
+            if not (opts.confirm and opts.objective == Objective.GOODPUT):
                 break
             tuner.confirm(tokenizer)
             if not (out_of_time and tuner.room_after_head_to_head()):
                 break
-        return tuner.publish("time-limit" if tuner.not_done else "complete")
+        return tuner.publish(TuneState.TIME_LIMIT if tuner.not_done else TuneState.COMPLETE)
     except KeyboardInterrupt:
         if tuner is not None:
             tuner.not_done.append("interrupted: continue with the same command and --resume")
-            tuner.publish("interrupted")
+            tuner.publish(TuneState.INTERRUPTED)
         raise
     finally:
         if executor_made is not None:
@@ -240,7 +240,7 @@ class Proposer:
             references=opts.references, optional_knobs=list(opts.optional_knobs), tokenizer=opts.tokenizer,
             confirm=opts.confirm, min_model_len=opts.min_model_len)
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
-                                 constrained=opts.objective == "throughput" and bool(opts.slo), slo=tuple(opts.slo))
+                                 constrained=opts.objective == Objective.THROUGHPUT and bool(opts.slo), slo=tuple(opts.slo))
         record = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume, backend)
         if memory is not None and _launches(record):  # resumed: refit on the launches already made
             memory.observe(_launches(record))
@@ -328,7 +328,7 @@ class Tuner:
     not_done: list[str] = field(default_factory=list)  # what the time limit (or a stop) left undone
     unlaunched: int = 0  # trials of the budget the time limit left unlaunched
 
-    def publish(self, state: str) -> Summary:
+    def publish(self, state: TuneState) -> Summary:
         """Record the tune's state in the study, read its results once and write every output from them;
         returns the summary."""
         record, opts = self.proposer.record, self.proposer.opts
@@ -396,7 +396,7 @@ class Tuner:
                 return False
             for finished in running.wait():
                 self._record(finished)
-            self.publish("running")
+            self.publish(TuneState.RUNNING)
             if clock.deadline is not None:
                 self.hooks.note(clock.describe(self.next_trial().first_level_s,
                                                budget - len(record.measured()) - len(running.running),
@@ -444,7 +444,7 @@ class Tuner:
         write_trial(trial, outcome=out)
         if proposer.memory is not None and out.startup and out.startup.kv_cache_tokens:
             record.write_calibration(proposer.memory.observe(_launches(record)))
-        value = (out.goodput_rate or 0.0) if proposer.opts.objective == "goodput" else out.request_throughput
+        value = (out.goodput_rate or 0.0) if proposer.opts.objective == Objective.GOODPUT else out.request_throughput
         if out.ok and value is not None:
             write_trial(trial, constraints=_constraints(out, proposer.opts.slo))
             record.study.tell(trial, value)
@@ -466,7 +466,7 @@ class Tuner:
         default = next((r for r in rows if r.role == "default" and r.ok), None)
         if default is None:
             return
-        candidates = candidates_of(rows, default, lambda row, base: beats(row, base, "goodput"))
+        candidates = candidates_of(rows, default, lambda row, base: beats(row, base, Objective.GOODPUT))
         pick = candidates[0] if candidates else None
         level = pick_level = missing = wall_s = None
         method = "head-to-head"
@@ -528,7 +528,7 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     incumbent = max((t for t in measured if t.outcome.goodput_rate), key=lambda t: t.outcome.goodput_rate,
                     default=None)
     drain = _drain_s(incumbent.outcome) if incumbent else DRAIN_GUESS_S
-    if incumbent is not None and plan.objective == "goodput":
+    if incumbent is not None and plan.objective == Objective.GOODPUT:
         rate = incumbent.outcome.goodput_rate
         race = Race(rate, (incumbent.outcome.goodput_bracket or (rate, None))[1])
         first = least_requests(plan, rate * per_s, drain) / (rate * per_s) + drain
@@ -540,7 +540,7 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
                 drain_s=drain)
     nxt = NextTrial(race, first, cost, per_s)
     default = next((t for t in measured if t.record.role == "default"), None)
-    if not confirm or plan.objective != "goodput" or default is None:
+    if not confirm or plan.objective != Objective.GOODPUT or default is None:
         return nxt
     low = (default.outcome.goodput_bracket or (0.0, 0.0))[1] if default.outcome.goodput_rate else 0.0
     high = min((lv.rate for lv in default.outcome.levels if lv.verdict == Decision.FAIL and math.isfinite(lv.rate)),

@@ -25,9 +25,9 @@ from servetune.errors import ServetuneError
 from servetune.jsonio import write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
 from servetune.metrics import summarize
-from servetune.record import StudyMeta
+from servetune.record import StudyMeta, TuneState
 from servetune.results import Summary
-from servetune.slo import latency, parse_slo
+from servetune.slo import Objective, latency, parse_slo
 from servetune.server import reset_prefix_cache
 from servetune.study import tuner_of
 from servetune.verdict import LevelTest, SloTest
@@ -110,17 +110,17 @@ def read_tune(out: Path) -> TunePick:
     best = summary.best
     if best is None:
         raise VerifyError(f"{out}: the tune recommends no config (no trial was measured)")
-    rate = summary.recommended_rate if summary.objective == "goodput" else None
+    rate = summary.recommended_rate if summary.objective == Objective.GOODPUT else None
     return TunePick(model=summary.model, config=best.config, slo=summary.slo, workload=meta.workload,
                     rate=rate or None, note=_interim(out, summary.state))
 
 
-def _interim(out: Path, state: str) -> str | None:
+def _interim(out: Path, state: TuneState) -> str | None:
     """Why the pick of the tune in `out`, in `state`, is not final; None when the tune ended (complete, or at its
     time limit)."""
-    if state == "interrupted":
+    if state == TuneState.INTERRUPTED:
         return f"the tune in {out} was interrupted: its pick is interim (`tune --resume` continues it)"
-    if state != "running":
+    if state != TuneState.RUNNING:
         return None
     if (holder := tuner_of(out)) is not None:
         return f"the tune in {out} is still running ({holder}): its pick may change, and its trials load this machine"

@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
 from servetune.results import Results, TrialRow
-from servetune.slo import REQUESTS_PER_S, Latency, headline_latencies
+from servetune.slo import REQUESTS_PER_S, Latency, Objective, headline_latencies
 
 DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,
@@ -23,7 +23,7 @@ STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axe
 
 def value_label(objective: str, rate_unit: str = REQUESTS_PER_S) -> str:
     """What a trial's value is, in its unit (a trace's goodput rates are speed-up factors)."""
-    return f"goodput ({rate_unit} within SLOs)" if objective == "goodput" else "throughput (req/s)"
+    return f"goodput ({rate_unit} within SLOs)" if objective == Objective.GOODPUT else "throughput (req/s)"
 
 
 def _marked(results: Results) -> tuple[list[TrialRow], int | None, int | None]:
@@ -34,7 +34,7 @@ def _marked(results: Results) -> tuple[list[TrialRow], int | None, int | None]:
 
 def measured_at(objective: str) -> str:
     """Where a trial's headline p99s come from (see trial.py: the decisive level)."""
-    return "at the goodput rate" if objective == "goodput" else "at full load"
+    return "at the goodput rate" if objective == Objective.GOODPUT else "at full load"
 
 
 def pareto_front(points: list[TrialRow], latency: str) -> list[TrialRow]:
@@ -186,7 +186,7 @@ def _load_legend(default: int | None, best: int | None) -> list[Line2D]:
 def param_effects(results: Results, importance: dict[str, float]) -> Figure | None:
     """The objective value of every trial against each searched knob's value; failed configs at zero."""
     (rows, default, best), knobs, objective = _marked(results), results.meta.knobs, results.meta.objective
-    unit = results.summary.rate_unit if objective == "goodput" else REQUESTS_PER_S
+    unit = results.summary.rate_unit if objective == Objective.GOODPUT else REQUESTS_PER_S
     names = [k for k in knobs if any(k in r.params for r in rows)]
     if not names:
         return None

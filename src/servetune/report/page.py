@@ -11,7 +11,7 @@ import yaml
 from servetune.engine.args import to_argv
 from servetune.report.charts import measured_at, value_label
 from servetune.results import Results, vllm_config_yaml
-from servetune.slo import headline_latencies
+from servetune.slo import Objective, headline_latencies
 
 TEMPLATE = Path(__file__).with_name("report.html.j2").read_text()
 
@@ -72,5 +72,5 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
         if best else None, headroom=headroom,
         best_command=command(meta.model, best.config) if best else None,
         workload=yaml.safe_dump(meta.workload, sort_keys=False), per_turn=per_turn,
-        latencies=headline_latencies(meta.slo),
+        latencies=headline_latencies(meta.slo), goodput=meta.objective == Objective.GOODPUT,
     )
