@@ -20,6 +20,7 @@ from servetune.engine.launcher import release_port, reserve_port
 from servetune.errors import ServetuneError
 from servetune.executors import Inline, Job, WorkerLost, make_executor
 from servetune.executors.local import LocalPool
+from servetune.hooks import Hooks
 from servetune.outcome import TrialOutcome, TrialStatus
 
 GPUS = InstalledVllm("0.0", "cuda", {}, 80 * 2**30, "test GPU", device_count=3)
@@ -139,17 +140,17 @@ def test_a_reserved_port_is_not_handed_out_again(monkeypatch):
 def test_inline_runs_the_trial_inside_submit_with_its_progress_callbacks(monkeypatch):
     calls = []
 
-    def run_trial(plan, config, out_dir, *, budget=None, on_level=None, on_record=None) -> TrialOutcome:
-        calls.append((plan, config, out_dir, on_level, on_record))
+    def run_trial(plan, config, out_dir, *, budget=None, hooks=None) -> TrialOutcome:
+        calls.append((plan, config, out_dir, hooks))
         return TrialOutcome(status=TrialStatus.OK, config=config)
 
     monkeypatch.setattr("servetune.executors.inline.run_trial", run_trial)
-    on_level, on_record = (lambda name, rate, n: None), (lambda record: None)
-    inline = make_executor(1, None, on_level, on_record)
+    hooks = Hooks()
+    inline = make_executor(1, None, hooks)
     assert isinstance(inline, Inline) and inline.slots == 1
     future = inline.submit(job(0, max_num_seqs=8))
     assert future.done() and future.result() == TrialOutcome(status=TrialStatus.OK, config={"max_num_seqs": 8})
-    assert calls == [(None, {"max_num_seqs": 8}, Path("/nonexistent"), on_level, on_record)]
+    assert calls == [(None, {"max_num_seqs": 8}, Path("/nonexistent"), hooks)]
 
 
 def test_a_ray_cluster_that_refuses_this_machine_says_a_token_is_in_play(monkeypatch, tmp_path):

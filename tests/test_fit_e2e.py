@@ -8,7 +8,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest

@@ -11,7 +11,8 @@ from servetune.executors import Job
 from servetune.outcome import Failure, TrialOutcome
 from servetune.study import StudyError
 from servetune.trial import LevelOptions
-from servetune.tune import Hooks, TuneOptions, tune
+from servetune.hooks import Hooks
+from servetune.tune import TuneOptions, tune
 from servetune.workload import WorkloadError, WorkloadSpec
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}

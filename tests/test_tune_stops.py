@@ -17,7 +17,8 @@ from servetune.study import StudyError, StudyLock, default_storage
 from servetune.testing.simengine import SimClock
 from servetune.timelimit import GUESS_LAUNCH_S, Keep, LevelBudget, TimePlan, parse_duration
 from servetune.trial import LevelOptions
-from servetune.tune import Hooks, Runtime, TuneOptions, tune
+from servetune.hooks import Hooks
+from servetune.tune import Runtime, TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}

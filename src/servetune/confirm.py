@@ -15,10 +15,10 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from servetune.dispatch import Dispatch
 from servetune.executors import Job
+from servetune.hooks import Hooks
 from servetune.outcome import LevelOutcome, TrialOutcome
 from servetune.record import HeadToHead, HeadToHeadVerdict, LevelRecord
 from servetune.results import TrialRow
@@ -104,7 +104,7 @@ def decide(pick: TrialRow | None, default: TrialRow, level: LevelOutcome | None,
                   "is not shown"})
 
 
-def run_head_to_head(job: Job, running: Dispatch, hooks: Any) -> TrialOutcome:
+def run_head_to_head(job: Job, running: Dispatch, hooks: Hooks) -> TrialOutcome:
     """Run the head-to-head job (the search is over: a slot is free), again when its worker is lost, as a search
     trial is (`Dispatch.wait` gives up after a few in a row)."""
     hooks.confirm_started(job.number, job.config, [rate for rate, _ in job.plan.fixed_levels])

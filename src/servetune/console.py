@@ -15,6 +15,7 @@ from rich.table import Table
 
 from servetune.benchrun import BenchHooks
 from servetune.engine.args import to_argv
+from servetune.hooks import Hooks
 from servetune.outcome import headline_level
 from servetune.slo import LATENCIES, REQUESTS_PER_S, headline_latencies, latency
 
@@ -136,7 +137,7 @@ def show_bench(run: "BenchRun") -> None:
         console.print(lagging_warning(run.metrics), highlight=False, soft_wrap=True)
 
 
-class TuneProgress:
+class TuneProgress(Hooks):
     """Rich bars for the tuner: one over trials, one over the requests of the current load level. The bar is
     made with auto_refresh=False and redrawn from the load generator's thread (`count_records`), so no Rich
     thread competes with the real-time event loop during a level."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
+from servetune.hooks import Hooks
 from servetune.loadgen import LoadShape, RequestRecord
 from servetune.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
 from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
@@ -186,8 +187,7 @@ def run_trial(
     out_dir: Path,
     *,
     budget: LevelBudget | None = None,
-    on_level: Callable[[str, float, int], None] | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
+    hooks: Hooks = Hooks(),
     launch: Launcher = vllm_server,
     clock: Clock = time,
 ) -> TrialOutcome:
@@ -208,7 +208,7 @@ def run_trial(
             facts["cut_short"] = "time limit: the launch did not finish before the deadline"
         failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=server.log_path.name)
         return TrialOutcome.failed(server.engine_args, failure, wall_s=clock.time() - started, **facts)
-    trial = Levels(plan, server, out_dir, budget, clock, on_level, on_record)
+    trial = Levels(plan, server, out_dir, budget, clock, hooks)
     search = None
     try:
         refusal = server.preflight([r for s in plan.level_sets for r in s])
@@ -236,9 +236,9 @@ class Levels:
     says why the time limit left a level of the plan unmeasured (None: it did not)."""
 
     def __init__(self, plan: TrialPlan, server: Server, out_dir: Path, budget: LevelBudget | None, clock: Clock,
-                 on_level: Callable | None, on_record: Callable | None):
+                 hooks: Hooks):
         self.plan, self.server, self.out_dir, self.budget, self.clock = plan, server, out_dir, budget, clock
-        self.on_level, self.on_record = on_level, on_record
+        self.hooks = hooks  # told each level as it starts and each request as it finishes
         self.levels: list[LevelOutcome] = []
         self.cut: str | None = None
         self.needed_s: float | None = None  # what the level the time limit left unmeasured needed
@@ -355,8 +355,7 @@ class Levels:
         deadline = self.budget.deadline if self.budget is not None else None
         box = CAPACITY_S if name == LevelName.CAPACITY and plan.objective == Objective.GOODPUT else None
         for attempt in range(2):  # a level the client could not send on time is sent once more
-            if self.on_level:
-                self.on_level(name, rate, n + warmup)
+            self.hooks.level_started(name, rate, n + warmup)
             test = (LevelTest(plan.slo, first=min(plan.levels.min_requests, n), cap=n, first_index=warmup,
                               confidence=plan.levels.confidence)
                     if plan.slo and math.isfinite(rate) else None)
@@ -365,7 +364,7 @@ class Levels:
             shape = LoadShape(request_rate=rate, burstiness=plan.workload.burstiness,
                               max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
                               request_timeout_s=plan.levels.request_timeout_s)
-            result = self.server.level(requests[: n + warmup], shape, self.on_record, stop)
+            result = self.server.level(requests[: n + warmup], shape, self.hooks.record, stop)
             if not result.metrics.client_lagging or stop.why == "time limit":
                 break
         if stop.why == "time limit":

@@ -22,6 +22,7 @@ from servetune.engine import InstalledVllm
 from servetune.errors import ServetuneError
 from servetune.dispatch import Dispatch, Finished
 from servetune.executors import Executor, Job, make_executor
+from servetune.hooks import Hooks
 from servetune.jsonio import check_writable
 from servetune.memory import ModelShape
 from servetune.outcome import TrialOutcome
@@ -79,21 +80,6 @@ class TuneOptions:
             raise ServetuneError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
 
 
-class Hooks:
-    """Progress callbacks; the CLI draws bars with them."""
-
-    def trial_started(self, number: int, config: dict, why: str) -> None: ...
-    def trial_finished(self, number: int, out: TrialOutcome) -> None: ...
-    def trial_lost(self, number: int, reason: str) -> None: ...
-    def trial_skipped(self, number: int, config: dict, reason: str) -> None: ...
-    def confirm_started(self, number: int, config: dict, rates: list[float]) -> None: ...
-    def confirm_finished(self, number: int, out: TrialOutcome) -> None: ...
-    def confirm_lost(self, number: int, reason: str) -> None: ...  # the head-to-head runs again
-    def level_started(self, name: str, rate: float, n: int) -> None: ...
-    def record(self, record) -> None: ...
-    def note(self, text: str) -> None: ...  # the time plan, a stop
-
-
 @dataclass(frozen=True)
 class Runtime:
     """What a tune runs on, the real things by default: its clock, the writer of its outputs (after every trial and
@@ -120,8 +106,7 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
     tuner = executor_made = None
     try:
         tokenizer, sets, model_len = _prepare(opts, runtime.build_requests)
-        executor = executor_made = executor or make_executor(opts.parallel, opts.ray_address, hooks.level_started,
-                                                             hooks.record)
+        executor = executor_made = executor or make_executor(opts.parallel, opts.ray_address, hooks)
         proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage)
         clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
         tuner = Tuner(proposer=proposer, running=Dispatch(executor), hooks=hooks, clock=clock, runtime=runtime)
@@ -457,7 +442,7 @@ class Tuner:
         by the defaults' own search where it failed at or below that rate, else by the defaults launched again and
         measured there; stored in the study as its `confirmation`. A resumed study that measured nothing new keeps
         the confirmation it has."""
-        record, opts, plan = self.proposer.record, self.proposer.opts, self.proposer.plan
+        record, opts = self.proposer.record, self.proposer.opts
         measured = record.measured()
         trials = len(measured)
         if (confirmation := record.confirmation) is not None and confirmation.search_trials == trials:

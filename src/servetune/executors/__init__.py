@@ -6,13 +6,13 @@ for configs and tells it every outcome, so a study reads the same however its tr
 This module re-exports what executors share (`_base`) and picks one (`make_executor`). A new executor keeps
 the `Executor` protocol and runs `servetune.testing.executors`, the contract suite every executor here passes."""
 
-from collections.abc import Callable
 
 from servetune.engine import probe
 from servetune.errors import ServetuneError
 from servetune.executors._base import Executor, Job, WorkerError, WorkerLost, run_job
 from servetune.executors.inline import Inline
 from servetune.executors.local import LocalPool
+from servetune.hooks import Hooks
 
 __all__ = ["Executor", "Inline", "Job", "LocalPool", "WorkerError", "WorkerLost", "make_executor", "run_job",
            "runs_inline"]
@@ -24,11 +24,10 @@ def runs_inline(parallel: int | None, ray_address: str | None) -> bool:
     return not ray_address and (parallel or 1) == 1
 
 
-def make_executor(parallel: int | None, ray_address: str | None, on_level: Callable | None = None,
-                  on_record: Callable | None = None) -> Executor:
+def make_executor(parallel: int | None, ray_address: str | None, hooks: Hooks = Hooks()) -> Executor:
     """`Inline` when `runs_inline`, else `RayCluster` with an address, else `LocalPool`."""
     if runs_inline(parallel, ray_address):
-        return Inline(on_level, on_record)
+        return Inline(hooks)
     if ray_address:
         try:  # deferred because Ray is optional (servetune[cluster]), not to break a circle: cluster imports _base
             from servetune.executors.cluster import RayCluster

@@ -5,24 +5,23 @@ from concurrent.futures import Future
 
 from servetune.engine import InstalledVllm, probe
 from servetune.executors._base import Job
+from servetune.hooks import Hooks
 from servetune.outcome import TrialOutcome
 from servetune.trial import run_trial
 
 
 class Inline:
     """One trial at a time in this process, with live progress per load level: `submit` returns once the
-    trial has ended. `work` replaces the trial (tests); without it, `on_level`/`on_record` go to `run_trial`."""
+    trial has ended. `work` replaces the trial (tests); without it, `hooks` go to `run_trial`."""
 
     slots = 1
 
-    def __init__(self, on_level: Callable | None = None, on_record: Callable | None = None,
-                 work: Callable[[Job], TrialOutcome] | None = None):
-        self.on_level, self.on_record = on_level, on_record
+    def __init__(self, hooks: Hooks = Hooks(), work: Callable[[Job], TrialOutcome] | None = None):
+        self.hooks = hooks
         self.work = work or self._run_trial
 
     def _run_trial(self, job: Job) -> TrialOutcome:
-        return run_trial(job.plan, job.config, job.out_dir, budget=job.budget, on_level=self.on_level,
-                         on_record=self.on_record)
+        return run_trial(job.plan, job.config, job.out_dir, budget=job.budget, hooks=self.hooks)
 
     def probe(self) -> InstalledVllm:
         return probe()

@@ -44,7 +44,8 @@ from servetune.outcome import Failure, TrialOutcome
 from servetune.results import Results, write_outputs
 from servetune.testing.installed import VLLM_CPU, VLLM_H200
 from servetune.trial import LevelOptions, TrialPlan, run_trial
-from servetune.tune import OUT_OF_TIME, Hooks, Runtime, TuneOptions, tune
+from servetune.hooks import Hooks
+from servetune.tune import OUT_OF_TIME, Runtime, TuneOptions, tune
 from servetune.workload import RequestSpec, WorkloadSpec
 
 START = 1_800_000_000.0  # the simulated clock's epoch seconds at the start of a scenario
