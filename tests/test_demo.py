@@ -31,5 +31,6 @@ def test_a_short_demo_measures_the_machine_and_ends_with_an_answer_in_its_time(t
     printed = " ".join(run.stderr.split())  # the console wraps lines at its width
     assert summary["state"] in ("complete", "time-limit") and " ".join(summary["answer"].split()) in printed
     assert summary["time"]["elapsed_s"] <= 180  # the tune's limit is what the machine's measure left of 3 minutes
-    assert (out / "report.html").exists() and (out / "best.yaml").exists()
-    assert list(summary["best"]["slo_p99"]) == ["itl_p99_ms"] and "p99 ITL (ms)" in run.stdout + run.stderr
+    assert (out / "report.html").exists() and (out / "best.yaml").exists() == (summary["best"] is not None)
+    if summary["best"] is not None:  # something was measured: its headline is the demo's SLO, p99 ITL
+        assert list(summary["best"]["slo_p99"]) == ["itl_p99_ms"] and "p99 ITL (ms)" in printed

@@ -1,6 +1,7 @@
 """Run a command so that it never outlives the process that started this guard.
 
-Usage: python _guard.py CMD [ARG ...]. Start it as the leader of a new process group. The guard asks the
+Usage: python _guard.py CMD [ARG ...], with SERVETUNE_GUARD_PARENT set to the starter's pid (so that a starter
+that dies before the guard is up is seen). Start it as the leader of a new process group. The guard asks the
 kernel for SIGTERM when its parent dies (even by SIGKILL), and on SIGTERM/SIGINT/SIGHUP, or when CMD
 exits, it stops the whole group: TERM, a grace period (SERVETUNE_GRACE_S, default 5 s), then KILL.
 CMD itself gets SIGTERM from the kernel if the guard is killed before it can do that.
@@ -15,6 +16,7 @@ import sys
 import time
 
 PR_SET_PDEATHSIG = 1
+GUARD_PARENT_ENV = "SERVETUNE_GUARD_PARENT"  # the pid of the process that started the guard
 
 
 def _stop_group(grace_s: float) -> None:
@@ -51,13 +53,15 @@ def _others_alive(pgid: int) -> bool:
 
 def die_with(parent: int) -> bool:
     """Ask the kernel for SIGTERM when this process's parent (pid `parent`) dies, even by SIGKILL. False
-    if it died already, before the request took effect."""
+    if it died already, before the request took effect. The stop signals are unblocked first: a process started
+    from a thread that blocks them (a Ray worker's) inherits that mask and would never see its parent die."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     return os.getppid() == parent
 
 
 def main() -> int:
-    if not die_with(os.getppid()):
+    if not die_with(int(os.environ.pop(GUARD_PARENT_ENV, os.getppid()))):  # its parent died before it asked
         return 1
     grace_s = float(os.environ.get("SERVETUNE_GRACE_S", "5"))
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from servetune.engine._guard import GUARD_PARENT_ENV
 from servetune.engine.args import CPU_KVCACHE_SPACE, normalize, to_argv
 from servetune.engine.installed import InstalledVllm, probe
 from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, classify_failure, parse_startup
@@ -214,7 +215,7 @@ class Engine:
             self.proc = subprocess.Popen(
                 [sys.executable, str(_GUARD), *self.argv()],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env(), cwd="/", start_new_session=True,
+                env=self.env() | {GUARD_PARENT_ENV: str(os.getpid())}, cwd="/", start_new_session=True,
             )
         _LIVE.add(self)
 

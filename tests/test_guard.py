@@ -1,0 +1,85 @@
+"""The guard that every vLLM server runs under (`engine/_guard.py`): its command never outlives the process that
+started it, even one killed by SIGKILL from a thread that blocks the stop signals (as a Ray worker's threads do)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from servetune.engine import launcher
+
+GUARD = Path(launcher.__file__).with_name("_guard.py")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["signals-open", "sigterm-blocked"])
+def test_a_guarded_command_dies_with_the_process_that_started_it(tmp_path, blocked):
+    starter = tmp_path / "starter.py"
+    starter.write_text(textwrap.dedent(f"""
+        import signal, subprocess, sys, threading, time
+
+        def launch():
+            if {blocked}:
+                signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM, signal.SIGINT, signal.SIGHUP}})
+            guard = subprocess.Popen([sys.executable, {str(GUARD)!r}, "sleep", "600"], start_new_session=True)
+            print(guard.pid, flush=True)
+            guard.wait()
+
+        threading.Thread(target=launch).start()
+        time.sleep(600)
+    """))
+    proc = subprocess.Popen([sys.executable, str(starter)], stdout=subprocess.PIPE, text=True)
+    guard = int(proc.stdout.readline())
+    assert wait_for(lambda: any(_argv0(pid) == "sleep" for pid in _group(guard)), 20)  # the guard's command is up
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    try:
+        assert wait_for(lambda: not alive(guard), 20), "the guard outlived the process that started it"
+        assert wait_for(lambda: not _group(guard), 20), "the guarded command outlived its guard"
+    finally:
+        for pid in _group(guard):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _argv0(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return ""
+
+
+def _pgid(pid: str) -> int | None:
+    try:
+        return os.getpgid(int(pid))
+    except OSError:
+        return None
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(p.name) == pgid
+            and alive(int(p.name))]
+
+
+def test_a_guard_whose_starter_died_before_it_was_up_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a starter already dead when the guard asks to die with it
+    guard = subprocess.run([sys.executable, str(GUARD), "touch", str(marker)], start_new_session=True,
+                           env=os.environ | {"SERVETUNE_GUARD_PARENT": str(gone.pid)}, timeout=30)
+    assert guard.returncode == 1 and not marker.exists()
+    subprocess.run([sys.executable, str(GUARD), "touch", str(marker)], start_new_session=True, check=True,
+                   env=os.environ | {"SERVETUNE_GUARD_PARENT": str(os.getpid())}, timeout=30)
+    assert marker.exists()
