@@ -18,6 +18,7 @@ from conftest import wait_for
 from test_study_lock import Held, options
 from test_tune_stops import StandIn
 from servetune.options import UsageError, VerifyArgs
+from servetune.record import TuneState
 from servetune.results import Summary
 from servetune.study import StudyLock, default_storage
 from servetune.tune import tune
@@ -58,7 +59,7 @@ def test_verify_says_when_the_tune_it_reads_was_interrupted_stopped_or_is_still_
     assert plan.tune_note == f"the tune in {out} was interrupted: its pick is interim (`tune --resume` continues it)"
 
     summary = Summary.model_validate_json((out / "summary.json").read_text())
-    (out / "summary.json").write_text(summary.model_copy(update={"state": "running"}).model_dump_json())
+    (out / "summary.json").write_text(summary.model_copy(update={"state": TuneState.RUNNING}).model_dump_json())
     assert read_tune(out).note == (f"the tune in {out} stopped without saying so (killed?): its pick is interim "
                                    "(`tune --resume` continues it)")  # as a tune killed mid-trial leaves it
     held = StudyLock(out, default_storage(out)).acquire()
