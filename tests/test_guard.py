@@ -10,18 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import alive, wait_for
 from servetune.engine import launcher
 
 GUARD = Path(launcher.__file__).with_name("_guard.py")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("blocked", [False, True], ids=["signals-open", "sigterm-blocked"])
