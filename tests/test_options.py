@@ -49,7 +49,8 @@ def test_the_demo_is_a_tune_with_its_own_values(tiny_model, tmp_path):
     reference.write_text("max-num-batched-tokens: 128\n")
     slow = DemoArgs(out=tmp_path, budget=3).tune(tiny_model, itl_slo_ms=120.5, time_limit_s=300,
                                                  reference=reference).resolve()
-    assert slow.budget == 2 and slow.slo == {"itl_p99_ms": 120.5} and slow.references == [{"max_num_batched_tokens": 128}]
+    assert slow.budget == 2 and slow.slo == {"itl_p99_ms": 120.5}
+    assert slow.references == [{"max_num_batched_tokens": 128}]
 
 
 def test_bench_options_name_the_option_at_fault(tmp_path):

@@ -93,10 +93,12 @@ def decide(pick: TrialRow | None, default: TrialRow, level: LevelOutcome | None,
     if level.verdict == Decision.FAIL:
         where = (f"at {rate:.2f} {rate_unit}" if method == "head-to-head"
                  else f"at {level.rate:.2f} {rate_unit} in their own search, at or below {name}'s {rate:.2f}")
-        return decided.model_copy(update={"verdict": HeadToHeadVerdict.CONFIRMED, "reason": f"the defaults fail {where} ({why})"})
+        return decided.model_copy(update={"verdict": HeadToHeadVerdict.CONFIRMED,
+                                          "reason": f"the defaults fail {where} ({why})"})
     if level.verdict == Decision.PASS:
         return decided.model_copy(update={
-            "verdict": HeadToHeadVerdict.NOT_CONFIRMED, "recommended_trial": default.trial, "default_goodput_rate": rate,
+            "verdict": HeadToHeadVerdict.NOT_CONFIRMED, "recommended_trial": default.trial,
+            "default_goodput_rate": rate,
             "reason": f"the defaults hold {rate:.2f} {rate_unit} too, where {name} holds it: keep the defaults"})
     return decided.model_copy(update={
         "verdict": HeadToHeadVerdict.UNDECIDED,

@@ -215,7 +215,7 @@ def result_table(summary: "Summary") -> Table:
     table = Table(title=f"servetune tune: {summary.objective} under {summary.slo or 'no SLO'}")
     latencies = headline_latencies(summary.slo)
     for col in ("", f"goodput rate ({summary.rate_unit})", "throughput (req/s)",
-                *(f"p99 {lat.label} (ms)" for lat in latencies), "config"):
+                *(lat.p99_label for lat in latencies), "config"):
         table.add_column(col)
     for name, m in (("default", summary.default), ("best", summary.best)):
         if m is None:

@@ -275,8 +275,9 @@ class Summary(_Frozen):
         """The rate the recommendation holds: the head-to-head's, else the best config's own."""
         if self.best is None:
             return None
-        if self.objective == Objective.GOODPUT and self.confirmation is not None and self.confirmation.method is not None:
-            return self.confirmation.recommended_goodput_rate
+        confirmation = self.confirmation
+        if self.objective == Objective.GOODPUT and confirmation is not None and confirmation.method is not None:
+            return confirmation.recommended_goodput_rate
         return self.best.rate(self.objective)
 
 

@@ -39,6 +39,11 @@ class Latency:
         """What the statistical test counts over the bound."""
         return "requests" if self.per_request is not None else "gaps"
 
+    @property
+    def p99_label(self) -> str:
+        """Its p99 as a column or axis names it, e.g. "p99 ITL (ms)"."""
+        return f"p99 {self.label} (ms)"
+
     def p99(self, metrics: LevelMetrics) -> float:
         """The level's p99 of this latency (ms)."""
         return getattr(metrics, self.p99_field)

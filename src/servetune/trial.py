@@ -334,7 +334,7 @@ class Levels:
         seed = index if seed is None else seed
         requests = plan.level_sets[index % len(plan.level_sets)]
         n = min(plan.levels.requests, len(requests) - warmup)
-        if name == LevelName.CAPACITY and plan.objective == Objective.GOODPUT:  # only an upper bound for the rate search
+        if name == LevelName.CAPACITY and plan.objective == Objective.GOODPUT:  # only the rate search's upper bound
             n = min(n, 3 * plan.levels.min_requests)
         per_s = requests_per_s(plan, rate)
         now, end = self.clock.time(), self.end()

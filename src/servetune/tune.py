@@ -225,7 +225,8 @@ class Proposer:
             references=opts.references, optional_knobs=list(opts.optional_knobs), tokenizer=opts.tokenizer,
             confirm=opts.confirm, min_model_len=opts.min_model_len)
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
-                                 constrained=opts.objective == Objective.THROUGHPUT and bool(opts.slo), slo=tuple(opts.slo))
+                                 constrained=opts.objective == Objective.THROUGHPUT and bool(opts.slo),
+                                 slo=tuple(opts.slo))
         record = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume, backend)
         if memory is not None and _launches(record):  # resumed: refit on the launches already made
             memory.observe(_launches(record))

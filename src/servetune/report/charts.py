@@ -59,7 +59,7 @@ def pareto(results: Results) -> Figure | None:
         fig = Figure(figsize=(max(6.5, 5.5 * len(latencies)), 4.2), layout="constrained")
         axes = fig.subplots(1, len(latencies), sharey=True, squeeze=False)[0]
         for ax, lat in zip(axes, latencies):
-            slo_key, label = lat.slo, _label(lat)
+            slo_key, label = lat.slo, lat.p99_label
             points = [r for r in rows if r.value and r.slo_p99[slo_key] is not None]  # a rate and its p99s measured
             front = pareto_front(points, slo_key)
             ax.scatter([p.slo_p99[slo_key] for p in points], [p.value for p in points], s=36, color=OTHER,
@@ -122,7 +122,7 @@ def load_curves(results: Results) -> Figure | None:
         axes = fig.subplots(1, len(latencies), squeeze=False)[0]
         order = sorted(rows, key=lambda r: (r.trial == best, r.trial == default))  # highlights on top
         for ax, lat in zip(axes, latencies):
-            slo_key, label = lat.slo, _label(lat)
+            slo_key, label = lat.slo, lat.p99_label
             values = []
             for row in order:
                 levels = sorted(_level_points(row, lat, in_req_s), key=lambda p: p[0])
@@ -147,10 +147,6 @@ def load_curves(results: Results) -> Figure | None:
             ax.set_xlim(left=0)
         axes[-1].legend(handles=_load_legend(default, best), loc="upper left", fontsize=9)
     return fig
-
-
-def _label(latency: Latency) -> str:
-    return f"p99 {latency.label} (ms)"
 
 
 def _level_points(row: TrialRow, latency: Latency, in_req_s: bool) -> list[tuple[float, float, bool, bool]]:
