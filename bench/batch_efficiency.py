@@ -22,11 +22,11 @@ from pathlib import Path
 
 from servetune.engine.installed import InstalledVllm
 from servetune.executors import Job
-from servetune.metrics import LevelMetrics
-from servetune.outcome import LevelOutcome, TrialOutcome
+from servetune.measure.metrics import LevelMetrics
+from servetune.study.outcome import LevelOutcome, TrialOutcome
 from servetune.search.space import build_space
-from servetune.trial import LevelOptions
-from servetune.tune import TuneOptions, tune
+from servetune.trial.run import LevelOptions
+from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
 GPU_FLAGS = ("max_num_batched_tokens", "max_model_len", "max_num_seqs", "gpu_memory_utilization",

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from servetune.loadgen import LoadShape, Target, run_load_sync
-from servetune.metrics import schedule_lag_ms, summarize
+from servetune.measure.metrics import schedule_lag_ms, summarize
 from servetune.workload.request import RequestSpec
 
 FAKE_SERVER = Path(__file__).resolve().parents[1] / "tests" / "fake_server.py"

@@ -8,7 +8,7 @@ Prints, per device, the ladder configs and which the memory model rules out (and
 import argparse
 
 from servetune.engine.installed import InstalledVllm
-from servetune.memory import Device, ModelShape
+from servetune.engine.memory import Device, ModelShape
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.space import build_space
 from servetune.search.strategies import SeedStrategy

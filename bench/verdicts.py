@@ -29,15 +29,15 @@ import httpx
 import numpy as np
 import optuna
 
-from servetune.bench import measure_level
+from servetune.measure.bench import measure_level
 from servetune.engine import Engine, EngineFailed
 from servetune.loadgen import LoadShape, Target
-from servetune.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
+from servetune.measure.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
 from servetune.search.objective import fell_behind
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
 try:  # the pooled p99's bootstrap interval, reported beside it (it decides nothing)
-    from servetune.confirm import p99_ci
+    from servetune.tuner.confirm import p99_ci
 except ImportError:
     p99_ci = None
 

@@ -1,9 +1,9 @@
-"""Synthetic trial outcomes for the tests, built through servetune's own models (`servetune.outcome`)."""
+"""Synthetic trial outcomes for the tests, built through servetune's own models (`servetune.study.outcome`)."""
 
 from typing import Any
 
-from servetune.metrics import LevelMetrics
-from servetune.outcome import Failure, LevelOutcome, TrialOutcome
+from servetune.measure.metrics import LevelMetrics
+from servetune.study.outcome import Failure, LevelOutcome, TrialOutcome
 
 _NONE = {"request_goodput", "max_concurrency", "steady_request_rate", "keep_up_ratio", "keep_up_se", "per_turn"}
 
@@ -36,7 +36,7 @@ def failed(config: dict | None = None, kind: str = "oom", reason: str = "out of 
 
 def row(trial: int, role: str = "search", **given: Any) -> "TrialRow":
     """A measured trial's row (`results.TrialRow`): the fields given, status ok, every other one None."""
-    from servetune.results import TrialRow
+    from servetune.study.results import TrialRow
 
     fields = {name: None for name, info in TrialRow.model_fields.items() if info.is_required()}
     return TrialRow(**(fields | {"trial": trial, "role": role, "status": "ok", "config": {}, "slo_p99": {}} | given))

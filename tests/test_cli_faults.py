@@ -128,7 +128,7 @@ def test_bench_launch_refuses_prompts_longer_than_the_models_context_before_laun
 
 
 def test_the_max_model_len_a_launch_gets(tiny_model):
-    from servetune.bench import launch_model_len
+    from servetune.measure.bench import launch_model_len
 
     assert launch_model_len(str(tiny_model), {}) == 4096  # the model's context
     assert launch_model_len(str(tiny_model), {"max_model_len": 512}) == 512

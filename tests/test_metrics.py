@@ -5,7 +5,7 @@ import math
 import pytest
 
 from servetune.loadgen.records import LoadResult, RequestRecord
-from servetune.metrics import (
+from servetune.measure.metrics import (
     LATE_MS,
     SCHEDULE_LAG_BOUND_MS,
     keep_up,

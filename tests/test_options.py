@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.options import BenchArgs, DemoArgs, TuneArgs, UsageError
-from servetune.trial import LevelOptions
+from servetune.trial.run import LevelOptions
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "servetune"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -12,8 +12,8 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import postgres_server, ray_head, vllm_processes, wait_for
-from servetune.record import StudyRecord
-from servetune.study import STUDY_NAME
+from servetune.study.record import StudyRecord
+from servetune.study.storage import STUDY_NAME
 from test_tune_e2e import WORKLOAD, tune_args
 
 pytestmark = pytest.mark.vllm
@@ -68,7 +68,7 @@ def form(out: Path, storage: str) -> dict:
         "trials": [(t.state.name, t.record.role, sorted(t.record.stored())) for t in kept],
         "outcome": sorted({k for o in outcomes for k in o}),
         "level": sorted({k for o in outcomes for lv in o["levels"] for k in lv}),
-        "study": sorted(study.user_attrs),  # the study's record: meta, progress, ... (servetune.record)
+        "study": sorted(study.user_attrs),  # the study's record: meta, progress, ... (servetune.study.record)
     }
 
 

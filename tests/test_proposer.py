@@ -5,13 +5,13 @@ import outcomes
 from optuna.trial import TrialState
 
 from servetune.executors import Job
-from servetune.memory import Device, GiB, ModelShape
-from servetune.record import StudyRecord, TrialRecord, read_trial, write_trial
+from servetune.engine.memory import Device, GiB, ModelShape
+from servetune.study.record import StudyRecord, TrialRecord, read_trial, write_trial
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.space import SearchSpace
 from servetune.search.strategies import make_strategy
-from servetune.trial import TrialPlan
-from servetune.tune import Launch, Proposer, Skip, TuneOptions
+from servetune.trial.run import TrialPlan
+from servetune.tuner.loop import Launch, Proposer, Skip, TuneOptions
 from servetune.workload import WorkloadSpec
 from test_search import CPU, SPACE
 

@@ -1,4 +1,4 @@
-"""The study record (`servetune.record`): what servetune keeps in an Optuna study reads back as written, is
+"""The study record (`servetune.study.record`): what servetune keeps in an Optuna study reads back as written, is
 versioned, refuses a newer version, and is read and written nowhere else."""
 
 import re
@@ -10,9 +10,9 @@ from optuna.trial import TrialState
 
 import outcomes
 from servetune.errors import StudyError
-from servetune.record import (RECORD_VERSION, HeadToHead, LevelRecord, Progress, StudyMeta, StudyRecord, TrialRecord,
+from servetune.study.record import (RECORD_VERSION, HeadToHead, LevelRecord, Progress, StudyMeta, StudyRecord, TrialRecord,
                               read_trial, write_trial)
-from servetune.verdict import Decision, SloTest
+from servetune.measure.verdict import Decision, SloTest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "servetune"
 META = StudyMeta(model="/m", workload={"num_requests": 10}, slo={"tpot_p99_ms": 25.0}, objective="goodput",
@@ -138,5 +138,5 @@ def test_no_module_but_the_record_reads_or_writes_optunas_user_attributes():
             found.append(str(path.relative_to(SRC)))
         if private.search(text):
             privately.append(str(path.relative_to(SRC)))
-    assert found == [], f"user attributes read or written outside servetune/record.py: {found}"
+    assert found == [], f"user attributes read or written outside servetune/study/record.py: {found}"
     assert privately == [], f"Optuna's private API used in: {privately}"

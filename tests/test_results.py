@@ -2,8 +2,8 @@
 holds and how it was decided, or plainly that no rate held, and what was not done."""
 
 import outcomes
-from servetune.record import HeadToHead
-from servetune.results import Summary, SummaryEntry, TimeSpent, answer
+from servetune.study.record import HeadToHead
+from servetune.study.results import Summary, SummaryEntry, TimeSpent, answer
 
 
 def entry(trial: int, rate: float | None, bracket: tuple[float, float] | None = None) -> SummaryEntry:

@@ -9,10 +9,10 @@ from optuna.trial import TrialState
 
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
-from servetune.record import StudyRecord, TrialRecord, read_trial, write_trial
-from servetune.results import choose_best, vllm_config_yaml
+from servetune.study.record import StudyRecord, TrialRecord, read_trial, write_trial
+from servetune.study.results import choose_best, vllm_config_yaml
 from servetune.search.objective import RateSearch, keeping_up_unshown, level_verdict
-from servetune.slo import parse_slo
+from servetune.measure.slo import parse_slo
 from servetune.search.space import NO_CHUNK_REASON, SearchSpace, batched_tokens_ladder, build_space
 from servetune.search.strategies import SeedStrategy, make_strategy, suggest
 
@@ -137,7 +137,7 @@ def test_a_level_passes_only_when_its_keeping_up_is_shown():
 def test_a_levels_verdict_waits_for_keeping_up_to_be_shown(ratio, verdict):
     from types import SimpleNamespace
 
-    from servetune.trial import LevelStop, _level_outcome
+    from servetune.trial.run import LevelStop, _level_outcome
 
     result = SimpleNamespace(metrics=_metrics(keep_up_ratio=ratio, keep_up_se=0.01), server=None)
     level = _level_outcome("search", 10.0, 0, result, LevelStop(None, None, None), {"tpot_p99_ms": 25.0}, "r.jsonl", 1)
@@ -146,7 +146,7 @@ def test_a_levels_verdict_waits_for_keeping_up_to_be_shown(ratio, verdict):
 
 
 def test_with_statistical_tests_each_slo_is_judged_by_its_test_not_its_p99():
-    from servetune.verdict import SloTest
+    from servetune.measure.verdict import SloTest
 
     def test(decision, over):
         return SloTest(slo="tpot_p99_ms", bound_ms=25.0, over=over, counted=300, requests=300, low=0.0,
@@ -281,8 +281,8 @@ def test_optuna_starts_from_the_procedures_first_rung():
 
 
 def test_every_slo_names_a_metric_a_level_has():
-    from servetune.metrics import LevelMetrics
-    from servetune.slo import LATENCIES, latency
+    from servetune.measure.metrics import LevelMetrics
+    from servetune.measure.slo import LATENCIES, latency
 
     for each in LATENCIES:
         assert {each.p99_field, each.mean_field} <= set(LevelMetrics.model_fields)
@@ -308,7 +308,7 @@ def test_a_strategy_registers_itself_and_the_cli_offers_it(monkeypatch):
 
 def test_a_knob_is_declared_once_for_the_space_the_procedure_and_the_memory_model():
     from servetune.knobs import KNOBS, OPTIONAL, first_rung, knob
-    from servetune.memory import Device, GiB, ModelShape, resolve_engine_args
+    from servetune.engine.memory import Device, GiB, ModelShape, resolve_engine_args
 
     gpu = build_space(InstalledVllm("0.24.0", "cuda", FLAGS), 1000, optional=["block_size"])
     assert [k.name for k in SPACE.knobs] == [k.arg for k in KNOBS if k.option is None and k.values(True, 1008)]

@@ -15,8 +15,8 @@ from test_study_lock import options
 from test_tune_stops import StandIn
 from servetune.options import TuneArgs, UsageError
 from servetune.redact import redact, remember, shown_url
-from servetune.study import StudyLock
-from servetune.tune import tune
+from servetune.study.storage import StudyLock
+from servetune.tuner.loop import tune
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVETUNE = [sys.executable, "-m", "servetune"]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from servetune.bench import measure_level
+from servetune.measure.bench import measure_level
 from servetune.loadgen import LoadShape, RequestRecord, Target, run_load_sync
-from servetune.metrics import per_turn
+from servetune.measure.metrics import per_turn
 from servetune.tinymodel import write_tiny_model
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload
 from servetune.workload.fit import served_prompt

@@ -4,7 +4,7 @@ measured trials rule out (a prefill step longer than the p99 ITL SLO)."""
 import optuna
 import outcomes
 
-from servetune.record import read_trial, write_trial
+from servetune.study.record import read_trial, write_trial
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.strategies import make_strategy
 

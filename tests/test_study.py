@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from servetune.report import write_report
-from servetune.study import STUDY_NAME, StudyError, check_storage, default_storage, sqlite_file, study_exists
+from servetune.study.storage import STUDY_NAME, StudyError, check_storage, default_storage, sqlite_file, study_exists
 
 SERVETUNE = [sys.executable, "-m", "servetune"]
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ import pytest
 
 from conftest import listening, loopback_only, postgres_server
 from test_tune_stops import WORKLOAD, StandIn
-from servetune.study import STUDY_NAME, StudyError, StudyLock
-from servetune.trial import LevelOptions
-from servetune.tune import TuneOptions, tune
+from servetune.study.storage import STUDY_NAME, StudyError, StudyLock
+from servetune.trial.run import LevelOptions
+from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
 HOLDER = rf"pid {os.getpid()} on {socket.gethostname()} since \S+"
@@ -128,7 +128,7 @@ def test_a_lock_that_cannot_be_written_is_one_line_and_leaves_no_file(tmp_path, 
     def no_space(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("servetune.study.os.write", no_space)
+    monkeypatch.setattr("servetune.study.storage.os.write", no_space)
     with pytest.raises(StudyError, match=rf"^cannot write the lock file {tmp_path}/\.study\.db\.lock: No space left "
                                          r"on device: free some space there \(or use another --out/--study\)$"):
         StudyLock(tmp_path, f"sqlite:///{tmp_path / 'study.db'}").acquire()

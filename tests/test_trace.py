@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from test_sessions import EchoServer
 
-from servetune.bench import measure_level
+from servetune.measure.bench import measure_level
 from servetune.loadgen import LoadShape, Target, run_load_sync
 from servetune.loadgen.arrival import replay_ns
 from servetune.tinymodel import write_tiny_model
-from servetune.trial import LevelOptions, TrialPlan, requests_per_s
+from servetune.trial.run import LevelOptions, TrialPlan, requests_per_s
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload
 from servetune.workload.spec import WorkloadError
 from servetune.workload.trace import TraceRow, read_trace, trace_rate

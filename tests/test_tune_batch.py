@@ -14,10 +14,10 @@ import pytest
 
 from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerError, WorkerLost
-from servetune.record import StudyRecord
-from servetune.study import STUDY_NAME
-from servetune.trial import LevelOptions
-from servetune.tune import TuneOptions, tune
+from servetune.study.record import StudyRecord
+from servetune.study.storage import STUDY_NAME
+from servetune.trial.run import LevelOptions
+from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
 

@@ -15,8 +15,8 @@ from optuna.trial import TrialState
 
 from conftest import vllm_processes, wait_for
 from servetune.engine.launcher import free_port
-from servetune.record import StudyRecord
-from servetune.study import STUDY_NAME
+from servetune.study.record import StudyRecord
+from servetune.study.storage import STUDY_NAME
 
 SERVETUNE = [sys.executable, "-m", "servetune"]
 WORKLOAD = """\

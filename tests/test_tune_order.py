@@ -8,11 +8,11 @@ import pytest
 from servetune.testing.installed import VLLM_CPU
 from servetune.errors import ServetuneError
 from servetune.executors import Job
-from servetune.outcome import Failure, TrialOutcome
-from servetune.study import StudyError
-from servetune.trial import LevelOptions
-from servetune.hooks import Hooks
-from servetune.tune import TuneOptions, tune
+from servetune.study.outcome import Failure, TrialOutcome
+from servetune.study.storage import StudyError
+from servetune.trial.run import LevelOptions
+from servetune.trial.hooks import Hooks
+from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadError, WorkloadSpec
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}
@@ -119,7 +119,7 @@ def test_each_trial_is_announced_before_it_runs(tiny_model, tmp_path):
 def test_the_study_keeps_the_models_context_and_tightens_no_lower_than_the_floor(tiny_model, tmp_path):
     import optuna
 
-    from servetune.record import StudyRecord
+    from servetune.study.record import StudyRecord
 
     tune(options(tiny_model, tmp_path, budget=1, min_model_len=2000), executor=InProcess([]))
     storage = f"sqlite:///{tmp_path / 'out' / 'study.db'}"

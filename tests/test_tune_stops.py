@@ -13,12 +13,12 @@ import outcomes
 from servetune.testing.installed import VLLM_CPU
 from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerError, WorkerLost
-from servetune.study import StudyError, StudyLock, default_storage
+from servetune.study.storage import StudyError, StudyLock, default_storage
 from servetune.testing.simengine import SimClock
 from servetune.timelimit import GUESS_LAUNCH_S, Keep, LevelBudget, TimePlan, parse_duration
-from servetune.trial import LevelOptions
-from servetune.hooks import Hooks
-from servetune.tune import Runtime, TuneOptions, tune
+from servetune.trial.run import LevelOptions
+from servetune.trial.hooks import Hooks
+from servetune.tuner.loop import Runtime, TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from servetune.loadgen.records import RequestRecord
-from servetune.verdict import (RAMP_SAMPLE, Boundaries, Decision, LevelTest, binomial_cdf, clopper_pearson,
+from servetune.measure.verdict import (RAMP_SAMPLE, Boundaries, Decision, LevelTest, binomial_cdf, clopper_pearson,
                                itl_bounds, passes)
 
 MS = 1_000_000

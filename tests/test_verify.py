@@ -9,9 +9,9 @@ import pytest
 
 from test_study_lock import options as tune_options
 from test_tune_stops import StandIn
-from servetune.record import HeadToHead
-from servetune.results import Summary
-from servetune.tune import tune
+from servetune.study.record import HeadToHead
+from servetune.study.results import Summary
+from servetune.tuner.loop import tune
 from servetune.verify import VerifyResult, read_tune
 
 ROOT = Path(__file__).resolve().parents[1]

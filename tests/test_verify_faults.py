@@ -18,10 +18,10 @@ from conftest import wait_for
 from test_study_lock import Held, options
 from test_tune_stops import StandIn
 from servetune.options import UsageError, VerifyArgs
-from servetune.record import TuneState
-from servetune.results import Summary
-from servetune.study import StudyLock, default_storage
-from servetune.tune import tune
+from servetune.study.record import TuneState
+from servetune.study.results import Summary
+from servetune.study.storage import StudyLock, default_storage
+from servetune.tuner.loop import tune
 from servetune.verify import VerifyResult, read_tune
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")

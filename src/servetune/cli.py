@@ -20,8 +20,8 @@ from servetune.options import (BenchArgs, DemoArgs, MemoryArgs, ModelTinyArgs, R
                                VerifyArgs)
 
 if TYPE_CHECKING:  # the commands import what they run when they run
-    from servetune.results import Summary
-    from servetune.tune import TuneOptions
+    from servetune.study.results import Summary
+    from servetune.tuner.loop import TuneOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest vLLM configuration for a model, workload and latency target.")
@@ -90,7 +90,7 @@ def model_tiny(args: ModelTinyArgs) -> None:
 @command(app, BenchArgs)
 def bench(args: BenchArgs) -> None:
     """Drive load against a vLLM server (running, or launched with --launch) and report its metrics."""
-    from servetune.benchrun import run_bench
+    from servetune.measure.benchrun import run_bench
     from servetune.engine import EngineFailed
     from servetune.interrupt import handle_signals
 
@@ -156,7 +156,7 @@ def _resumed(out) -> "tuple[float, object]":
     """The demo study's p99 ITL bound in `out`, and its reference config's file (a resume keeps both)."""
     from servetune.demo import REFERENCE
     from servetune.report.data import load_study
-    from servetune.study import default_storage
+    from servetune.study.storage import default_storage
 
     meta = load_study(default_storage(out)).meta
     return meta.slo["itl_p99_ms"], out / REFERENCE if meta.references else None
@@ -171,7 +171,7 @@ def _tune_guarded(opts: "TuneOptions") -> None:
     from servetune.executors import WorkerError, WorkerLost
     from servetune.interrupt import handle_signals
     from servetune.redact import shown_url
-    from servetune.study import default_storage
+    from servetune.study.storage import default_storage
 
     handle_signals()
     try:
@@ -193,7 +193,7 @@ def _tune_guarded(opts: "TuneOptions") -> None:
 
 def _tune(opts: "TuneOptions") -> "Summary":
     from servetune.executors import runs_inline
-    from servetune.tune import tune as run_tune
+    from servetune.tuner.loop import tune as run_tune
 
     bar = progress_bar(auto_refresh=False)  # started by the first trial: an early error leaves no bar behind
     try:
@@ -226,7 +226,7 @@ def report(args: ReportArgs) -> None:
 def memory(args: MemoryArgs) -> None:
     """Predict, without launching, whether a config fits and how many KV-cache tokens it gets."""
     from servetune.jsonio import jsonable
-    from servetune.memory import memory_report
+    from servetune.engine.memory import memory_report
 
     kind = "cpu" if args.cpu_kvcache_space_gib is not None else "gpu"
     with one_line_errors():

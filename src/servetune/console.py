@@ -13,18 +13,18 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servetune.benchrun import BenchHooks
+from servetune.measure.benchrun import BenchHooks
 from servetune.engine.args import to_argv
-from servetune.hooks import Hooks
-from servetune.outcome import headline_level
-from servetune.slo import LATENCIES, REQUESTS_PER_S, headline_latencies, latency
+from servetune.trial.hooks import Hooks
+from servetune.study.outcome import headline_level
+from servetune.measure.slo import LATENCIES, REQUESTS_PER_S, headline_latencies, latency
 
 if TYPE_CHECKING:
-    from servetune.benchrun import BenchRun
+    from servetune.measure.benchrun import BenchRun
     from servetune.loadgen import RequestRecord
-    from servetune.metrics import LevelMetrics
-    from servetune.outcome import TrialOutcome
-    from servetune.results import Summary
+    from servetune.measure.metrics import LevelMetrics
+    from servetune.study.outcome import TrialOutcome
+    from servetune.study.results import Summary
     from servetune.verify import VerifyResult
 
 console = Console(stderr=True)
@@ -119,7 +119,7 @@ def bench_table(title: str, metrics: "LevelMetrics", server: dict | None) -> Tab
 
 def lagging_warning(metrics: "LevelMetrics") -> str:
     """One line saying that a level measured the client, not the server."""
-    from servetune.metrics import LATE_MS, SCHEDULE_LAG_BOUND_MS
+    from servetune.measure.metrics import LATE_MS, SCHEDULE_LAG_BOUND_MS
 
     return (f"[bold yellow]warning:[/] the client fell behind its schedule: p99 schedule lag "
             f"{metrics.p99_schedule_lag_ms:.0f} ms > {SCHEDULE_LAG_BOUND_MS:g} ms, {metrics.late_requests} "

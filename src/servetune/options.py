@@ -16,11 +16,11 @@ from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable
 from servetune.knobs import optional_help
 from servetune.search.strategies import strategy_help
-from servetune.slo import Objective
+from servetune.measure.slo import Objective
 
 if TYPE_CHECKING:
-    from servetune.benchrun import BenchOptions
-    from servetune.tune import TuneOptions
+    from servetune.measure.benchrun import BenchOptions
+    from servetune.tuner.loop import TuneOptions
     from servetune.verify import VerifyPlan
     from servetune.workload import WorkloadSpec
 
@@ -67,7 +67,7 @@ class BenchArgs(_Args):
 
     def resolve(self) -> "BenchOptions":
         """Every option checked before any server is asked or launched."""
-        from servetune.benchrun import BenchOptions
+        from servetune.measure.benchrun import BenchOptions
 
         request_timeout_s = check_timeout(self.request_timeout)
         if self.launch == (self.base_url is not None):
@@ -92,7 +92,7 @@ class BenchArgs(_Args):
         return spec
 
     def _goodput_slo(self) -> dict[str, float]:
-        from servetune.metrics import GOODPUT_METRICS
+        from servetune.measure.metrics import GOODPUT_METRICS
 
         slo = pairs(self.goodput, "--goodput")
         for name, bound in slo.items():
@@ -158,9 +158,9 @@ class TuneArgs(_Args):
         """Every option checked: the model directory, workload file, `key=value` SLOs and engine args, reference
         config files, strategy, objective, the time limit and the levels' request timeout."""
         from servetune.search.strategies import REGISTRY
-        from servetune.slo import parse_slo
-        from servetune.trial import LevelOptions
-        from servetune.tune import TuneOptions
+        from servetune.measure.slo import parse_slo
+        from servetune.trial.run import LevelOptions
+        from servetune.tuner.loop import TuneOptions
         from servetune.workload import load_workload
 
         if self.strategy not in REGISTRY:
@@ -190,7 +190,7 @@ class TuneArgs(_Args):
         --resume a study in the storage: checked without writing anything, so that a --resume with nothing to
         resume leaves no --out directory behind. (A study found without --resume is refused once its lock is
         taken: a tuner holding it is named.)"""
-        from servetune.study import check_storage, default_storage
+        from servetune.study.storage import check_storage, default_storage
 
         check_study_url(self.study)
         if self.resume:
@@ -246,7 +246,7 @@ class ReportArgs(_Args):
 
     def resolve(self) -> str:
         """The study's storage URL, once `out` is known to be writable."""
-        from servetune.study import default_storage
+        from servetune.study.storage import default_storage
 
         check_study_url(self.study)
         try:
@@ -300,7 +300,7 @@ class VerifyArgs(_Args):
     def resolve(self) -> tuple["VerifyPlan", Path]:
         """The plan and the JSON path, with what is not given taken from the tune in `out`; each value checked
         and named in the one line a bad or missing one gives."""
-        from servetune.slo import parse_slo
+        from servetune.measure.slo import parse_slo
         from servetune.verify import VerifyPlan, read_tune
         from servetune.workload import WorkloadSpec, load_workload
 
@@ -379,7 +379,7 @@ def checked_args(args: dict[str, Any], where: str) -> dict[str, Any]:
 def check_study_url(study: str | None) -> None:
     """A --study URL SQLAlchemy reads as it was meant, its password remembered so that no message prints it."""
     from servetune.redact import misread_password, remember
-    from servetune.study import storage_url
+    from servetune.study.storage import storage_url
 
     if study is None:
         return

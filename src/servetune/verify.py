@@ -19,18 +19,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from servetune import __version__
-from servetune.bench import LevelResult, default_request_timeout_s, measure_level
+from servetune.measure.bench import LevelResult, default_request_timeout_s, measure_level
 from servetune.engine import Engine
 from servetune.errors import ServetuneError
 from servetune.jsonio import write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
-from servetune.metrics import summarize
-from servetune.record import StudyMeta, TuneState
-from servetune.results import Summary
-from servetune.slo import Objective, latency, parse_slo
-from servetune.server import reset_prefix_cache
-from servetune.study import tuner_of
-from servetune.verdict import LevelTest, SloTest
+from servetune.measure.metrics import summarize
+from servetune.study.record import StudyMeta, TuneState
+from servetune.study.results import Summary
+from servetune.measure.slo import Objective, latency, parse_slo
+from servetune.trial.server import reset_prefix_cache
+from servetune.study.storage import tuner_of
+from servetune.measure.verdict import LevelTest, SloTest
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 
 SEED_OFFSET = 200_000  # prompts apart from a tune's level sets (seed + 1000 k) and confirmation runs (+ 100_000 + k)
@@ -154,7 +154,7 @@ class ClientMetrics(BaseModel):
 class SloCheck(BaseModel):
     """One SLO against one client's point p99, taken over its `requests` completed requests (ITL: over their
     inter-token gaps): `passed` when some request completed and the p99 is within `bound_ms`. For servetune's
-    client also `test`: the tuner's statistical test of a level (`servetune.verdict`) over its requests, pass
+    client also `test`: the tuner's statistical test of a level (`servetune.measure.verdict`) over its requests, pass
     or fail at 95% confidence, or undecided (a TTFT, TPOT or E2EL p99 cannot pass on fewer than 299 requests
     counted after the level fills up; an ITL p99 counts gaps)."""
 

@@ -12,7 +12,7 @@ from servetune.errors import ServetuneError
 from servetune.executors._base import Executor, Job, WorkerError, WorkerLost, run_job
 from servetune.executors.inline import Inline
 from servetune.executors.local import LocalPool
-from servetune.hooks import Hooks
+from servetune.trial.hooks import Hooks
 
 __all__ = ["Executor", "Inline", "Job", "LocalPool", "WorkerError", "WorkerLost", "make_executor", "run_job",
            "runs_inline"]

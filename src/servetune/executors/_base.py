@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servetune.engine import InstalledVllm
-from servetune.outcome import TrialOutcome
+from servetune.study.outcome import TrialOutcome
 from servetune.timelimit import LevelBudget
-from servetune.trial import TrialPlan, run_trial
+from servetune.trial.run import TrialPlan, run_trial
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import ray.exceptions
 from servetune.engine import InstalledVllm, probe
 from servetune.errors import ServetuneError
 from servetune.executors._base import Job, WorkerError, WorkerLost, run_job
-from servetune.outcome import TrialOutcome
+from servetune.study.outcome import TrialOutcome
 
 
 def _run_on_node(work: Callable[[Job], TrialOutcome], job: Job) -> tuple[TrialOutcome, dict[str, bytes]]:

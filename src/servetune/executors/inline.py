@@ -5,9 +5,9 @@ from concurrent.futures import Future
 
 from servetune.engine import InstalledVllm, probe
 from servetune.executors._base import Job
-from servetune.hooks import Hooks
-from servetune.outcome import TrialOutcome
-from servetune.trial import run_trial
+from servetune.trial.hooks import Hooks
+from servetune.study.outcome import TrialOutcome
+from servetune.trial.run import run_trial
 
 
 class Inline:

@@ -11,7 +11,7 @@ from servetune.engine import InstalledVllm
 from servetune.engine._guard import die_with
 from servetune.errors import ServetuneError
 from servetune.executors._base import Job, WorkerError, WorkerLost, run_job
-from servetune.outcome import TrialOutcome
+from servetune.study.outcome import TrialOutcome
 
 
 def visible_gpus(count: int) -> list[str]:

@@ -6,7 +6,7 @@ from servetune.jsonio import write_atomic
 from servetune.report import charts
 from servetune.report.data import importances, load_study, write_levels_csv, write_trials_json
 from servetune.report.page import render
-from servetune.results import Results, write_outputs
+from servetune.study.results import Results, write_outputs
 
 __all__ = ["publish", "write_report"]
 

@@ -1,4 +1,4 @@
-"""What the report reads from a study beside its results (`servetune.results`): the study itself, parameter
+"""What the report reads from a study beside its results (`servetune.study.results`): the study itself, parameter
 importances, and the JSON/CSV exports."""
 
 import csv
@@ -12,9 +12,9 @@ import optuna
 from optuna.trial import TrialState
 
 from servetune.jsonio import jsonable, write_atomic, write_json
-from servetune.record import StudyRecord
-from servetune.results import TrialRow
-from servetune.study import STUDY_NAME, StudyError, sqlite_file, study_exists
+from servetune.study.record import StudyRecord
+from servetune.study.results import TrialRow
+from servetune.study.storage import STUDY_NAME, StudyError, sqlite_file, study_exists
 
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with searched params before importances mean anything
 

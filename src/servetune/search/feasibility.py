@@ -3,7 +3,7 @@
 from typing import Any
 
 from servetune.engine.installed import InstalledVllm
-from servetune.memory import (Calibration, Device, LaunchObservation, ModelShape, calibrate,
+from servetune.engine.memory import (Calibration, Device, LaunchObservation, ModelShape, calibrate,
                               choose_gpu_memory_utilization, max_gpu_memory_utilization, predict)
 
 HEADROOM_FRACTION = 0.05  # of the GPU, left to what vLLM does not profile (CUDA context, NCCL, fragments)

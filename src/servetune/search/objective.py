@@ -4,9 +4,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from servetune.metrics import LevelMetrics
-from servetune.slo import latency
-from servetune.verdict import Decision, SloTest
+from servetune.measure.metrics import LevelMetrics
+from servetune.measure.slo import latency
+from servetune.measure.verdict import Decision, SloTest
 
 KEEP_UP_FRACTION = 0.95  # a level keeps up when, in its steady part, >= 95% as many requests complete as arrive
 KEEP_UP_Z = 1.645  # ... judged by the ratio's one-sided 95% bounds: fails below the upper, passes above the lower
@@ -21,7 +21,7 @@ def rejected_requests(metrics: LevelMetrics) -> int:
 def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], short_replies: int = 0,
                   keep_up: bool = True, tests: Sequence[SloTest] | None = None) -> list[str]:
     """Why a level does not pass its SLOs (empty when it passes). With `tests` (the level's statistical
-    tests, `servetune.verdict`) each SLO is judged by its test: a failed one, or one left undecided, is a
+    tests, `servetune.measure.verdict`) each SLO is judged by its test: a failed one, or one left undecided, is a
     reason; without them, by the level's p99 against its bound. A level must also keep up: finish its
     requests without errors and, in its steady part, complete >= 95% as many requests as arrive, or fall short
     by no more than its own noise (`fell_behind`); an overloaded level can meet latency SLOs while its queue is
@@ -87,7 +87,7 @@ class RateSearch:
     requests over a bound, or saturated), then bisects between the highest passing and the lowest failing rate
     until they are within `resolution` (relative) or `max_levels` rates were tried. A level that failed by far
     ended within seconds and is not counted. A failing level ends early and a passing one needs a few hundred
-    requests (`servetune.verdict`), so it steps down from above rather than bisecting into slow low rates.
+    requests (`servetune.measure.verdict`), so it steps down from above rather than bisecting into slow low rates.
     Pure: the caller measures each rate.
     """
 

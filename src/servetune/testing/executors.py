@@ -36,8 +36,8 @@ import pytest
 from servetune.engine.logfacts import FailureKind, StartupFacts
 from servetune.executors import Executor, Job, WorkerError, WorkerLost
 from servetune.loadgen.records import LoadResult, RequestRecord
-from servetune.metrics import LevelMetrics, summarize
-from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
+from servetune.measure.metrics import LevelMetrics, summarize
+from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus
 from servetune.testing.processes import alive, wait_for
 
 SERVER_LOG = "INFO the stand-in server's log\n"

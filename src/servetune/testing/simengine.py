@@ -32,20 +32,20 @@ from typing import Any
 import numpy as np
 import optuna
 
-from servetune.bench import LevelResult
+from servetune.measure.bench import LevelResult
 from servetune.engine import EngineFailed, InstalledVllm, LaunchFailure, StartupFacts
 from servetune.engine.logfacts import FailureKind
 from servetune.executors import Job
 from servetune.loadgen import LoadShape, RequestRecord
 from servetune.loadgen.arrival import ArrivalProcess, schedule_ns
 from servetune.loadgen.records import LoadResult
-from servetune.metrics import summarize
-from servetune.outcome import Failure, TrialOutcome
-from servetune.results import Results, write_outputs
+from servetune.measure.metrics import summarize
+from servetune.study.outcome import Failure, TrialOutcome
+from servetune.study.results import Results, write_outputs
 from servetune.testing.installed import VLLM_CPU, VLLM_H200
-from servetune.trial import LevelOptions, TrialPlan, run_trial
-from servetune.hooks import Hooks
-from servetune.tune import OUT_OF_TIME, Runtime, TuneOptions, tune
+from servetune.trial.run import LevelOptions, TrialPlan, run_trial
+from servetune.trial.hooks import Hooks
+from servetune.tuner.loop import OUT_OF_TIME, Runtime, TuneOptions, tune
 from servetune.workload import RequestSpec, WorkloadSpec
 
 START = 1_800_000_000.0  # the simulated clock's epoch seconds at the start of a scenario
@@ -200,7 +200,7 @@ def serve(model: ConfigModel, rate: float, prompts: np.ndarray, outputs: np.ndar
 
 
 class SimServer:
-    """A launched config of a scenario on the simulated clock (`servetune.server.Server`)."""
+    """A launched config of a scenario on the simulated clock (`servetune.trial.server.Server`)."""
 
     def __init__(self, scenario: Scenario, clock: SimClock, launches: list[int], plan: TrialPlan,
                  engine_args: dict[str, Any], log_path: Path, startup_timeout_s: float):

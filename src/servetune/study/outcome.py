@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from servetune.engine.logfacts import FailureKind, StartupFacts
-from servetune.metrics import LevelMetrics
-from servetune.verdict import Decision, SloTest
+from servetune.measure.metrics import LevelMetrics
+from servetune.measure.verdict import Decision, SloTest
 
 SCHEMA_VERSION = 3  # 2: level verdicts by statistical test (verdict, tests, stopped); wall_s, cut_short
 # 3: goodput_rate None where no level passed (was 0.0); race levels; request_throughput None where no capacity level
@@ -60,7 +60,7 @@ class LevelOutcome(_Frozen):
     verdict: Decision  # pass, fail, or undecided (not a pass: the tests were still open when the level ended)
     passed: bool  # verdict == pass
     reasons: list[str]  # why it did not pass; empty when it passed
-    tests: list[SloTest] = []  # one per SLO at a finite rate (`servetune.verdict`)
+    tests: list[SloTest] = []  # one per SLO at a finite rate (`servetune.measure.verdict`)
     stopped: str | None = None  # why it ended before its cap: decided, saturated, time limit, measured (capacity)
     metrics: LevelMetrics
     server: dict[str, float | None] | None  # the server's /metrics counters over the level (None: not scraped)

@@ -8,7 +8,7 @@ import httpx
 from servetune.engine import scrape
 from servetune.errors import ServetuneError
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
-from servetune.metrics import LevelMetrics, summarize
+from servetune.measure.metrics import LevelMetrics, summarize
 from servetune.workload import RequestSpec
 
 
@@ -59,7 +59,7 @@ def launch_model_len(model: str, engine_args: Mapping[str, object]) -> int | Non
     """The max-model-len a server launched with `engine_args` gets: the `max_model_len` engine arg, else the
     model's context (config.json's max_position_embeddings, as `tune` reads it); None when not known before
     launching (a value such as "8k" is vLLM's to read; the served one is checked once the server is up)."""
-    from servetune.memory import ModelShape
+    from servetune.engine.memory import ModelShape
 
     given = engine_args.get("max_model_len")
     if given is not None:

@@ -6,7 +6,7 @@ request at once, held to CAPACITY_S once enough have finished), then the rate se
 given a `race` (the best goodput rate measured so far) is measured there first, with the fail-early test: it
 loses in seconds, or passes and is measured next at the rate that would beat the best, and searched upward from
 there. A head-to-head trial measures fixed (rate, seed)
-levels. Each level at a finite rate sends until its statistical verdict is final (`servetune.verdict`); the trial's
+levels. Each level at a finite rate sends until its statistical verdict is final (`servetune.measure.verdict`); the trial's
 budget (`timelimit.LevelBudget`) sizes it, and a level that could not reach a verdict before the budget's end is not
 started. A trial that fails (OOM, bad config, a server that dies, a workload the config rejects) returns an outcome
 that says so; it never raises for the engine's sake.
@@ -24,15 +24,15 @@ from typing import Any
 
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
-from servetune.hooks import Hooks
+from servetune.trial.hooks import Hooks
 from servetune.loadgen import LoadShape, RequestRecord
-from servetune.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
-from servetune.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
+from servetune.measure.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
+from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
 from servetune.search.objective import RateSearch, keeping_up_unshown, level_verdict, rejected_requests
-from servetune.server import Server, VllmServer
-from servetune.slo import TPOT, TTFT, Objective
+from servetune.trial.server import Server, VllmServer
+from servetune.measure.slo import TPOT, TTFT, Objective
 from servetune.timelimit import Clock, LevelBudget, duration
-from servetune.verdict import Decision, LevelTest, SloTest, least_counted
+from servetune.measure.verdict import Decision, LevelTest, SloTest, least_counted
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.trace import trace_rate
 
@@ -49,7 +49,7 @@ DRAIN_GUESS_S = 10.0  # a level's last replies, before any level at a finite rat
 @dataclass(frozen=True)
 class LevelOptions:
     """How load levels are sized and decided, the same for every trial of a study. A level at a finite rate
-    sends until its statistical verdict is final (`servetune.verdict`), at most `requests`."""
+    sends until its statistical verdict is final (`servetune.measure.verdict`), at most `requests`."""
 
     requests: int = 600  # most requests a level sends (and the size of each prompt set)
     min_requests: int = 40  # fewest requests a verdict rests on

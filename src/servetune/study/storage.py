@@ -1,6 +1,6 @@
 """A tuning study: Optuna storage (SQLite by default, any SQLAlchemy URL) plus per-trial artifacts on disk.
 
-What servetune keeps in the study beside Optuna's own facts is its record (`servetune.record`: each trial's
+What servetune keeps in the study beside Optuna's own facts is its record (`servetune.study.record`: each trial's
 record with its outcome, the study's meta, progress and head-to-head); each trial's raw files lie under
 `OUT/trials/NNNN/` (server log, per-level request records).
 """
@@ -22,7 +22,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from servetune.errors import StudyError
-from servetune.record import StudyMeta, StudyRecord
+from servetune.study.record import StudyMeta, StudyRecord
 from servetune.redact import redact, shown_url
 
 __all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_storage", "default_storage", "open_study",

@@ -22,10 +22,10 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_serializer
 
 from servetune.errors import StudyError
-from servetune.memory import Calibration
-from servetune.outcome import TrialOutcome
-from servetune.slo import Objective
-from servetune.verdict import SloTest
+from servetune.engine.memory import Calibration
+from servetune.study.outcome import TrialOutcome
+from servetune.measure.slo import Objective
+from servetune.measure.verdict import SloTest
 
 RECORD_VERSION = 2  # 2: a trial's `interrupted` in the study's record (`StudyRecord.requeue`); the version kept
 

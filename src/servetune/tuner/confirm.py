@@ -2,7 +2,7 @@
 fail at the pick's goodput rate, with the same statistical test as every search level.
 
 The pick's own rate needs no second measurement: its highest passing level already holds its SLOs at the
-stated confidence (`servetune.verdict`), and that level is its confirmation. What remains is whether the
+stated confidence (`servetune.measure.verdict`), and that level is its confirmation. What remains is whether the
 defaults fail where the pick holds. Where their own search failed at a rate at or below the pick's, it has
 shown that (latency grows with load: the rate search rests on the same order), and nothing runs (method
 `search`). Otherwise the defaults are launched again and one level at the pick's rate decides (method
@@ -16,16 +16,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from servetune.dispatch import Dispatch
+from servetune.tuner.dispatch import Dispatch
 from servetune.executors import Job
-from servetune.hooks import Hooks
-from servetune.outcome import LevelOutcome, TrialOutcome
-from servetune.record import HeadToHead, HeadToHeadVerdict, LevelRecord
-from servetune.results import TrialRow
+from servetune.trial.hooks import Hooks
+from servetune.study.outcome import LevelOutcome, TrialOutcome
+from servetune.study.record import HeadToHead, HeadToHeadVerdict, LevelRecord
+from servetune.study.results import TrialRow
 from servetune.timelimit import LevelBudget
-from servetune.slo import REQUESTS_PER_S, latency
-from servetune.trial import TrialPlan
-from servetune.verdict import Decision
+from servetune.measure.slo import REQUESTS_PER_S, latency
+from servetune.trial.run import TrialPlan
+from servetune.measure.verdict import Decision
 
 HEAD_TO_HEAD_SEED = 1_000  # arrival order of the head-to-head level, apart from the search's seeds
 

@@ -2,7 +2,7 @@
 measured, and the summary (the best config against vLLM's defaults, or the head-to-head's pick; the rate it holds;
 where the budget went). Every output reads that object: the files a user runs and reads here (best.yaml,
 best_command.sh, trials.csv, summary.json), the report's page and exports (`servetune.report`), the CLI's lines.
-Depends only on the study's record (`servetune.record`)."""
+Depends only on the study's record (`servetune.study.record`)."""
 
 import csv
 import io
@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
-from servetune.outcome import LevelOutcome, TrialStatus, headline_level
-from servetune.record import HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord, TuneState
-from servetune.slo import Objective, headline_latencies
+from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level
+from servetune.study.record import HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord, TuneState
+from servetune.measure.slo import Objective, headline_latencies
 from servetune.timelimit import duration
 from servetune.workload.fit import refused_beyond
 

@@ -16,29 +16,29 @@ import optuna
 from optuna.trial import TrialState
 
 from servetune import __version__
-from servetune.confirm import (candidates_of, decide, deciding_level, failed_at_or_below, head_to_head_job,
+from servetune.tuner.confirm import (candidates_of, decide, deciding_level, failed_at_or_below, head_to_head_job,
                                run_head_to_head)
 from servetune.engine import InstalledVllm
 from servetune.errors import ServetuneError
-from servetune.dispatch import Dispatch, Finished
+from servetune.tuner.dispatch import Dispatch, Finished
 from servetune.executors import Executor, Job, make_executor
-from servetune.hooks import Hooks
+from servetune.trial.hooks import Hooks
 from servetune.jsonio import check_writable
-from servetune.memory import ModelShape
-from servetune.outcome import TrialOutcome
+from servetune.engine.memory import ModelShape
+from servetune.study.outcome import TrialOutcome
 from servetune.report import publish
-from servetune.results import Results, Summary, TrialRow, beats, trial_row
+from servetune.study.results import Results, Summary, TrialRow, beats, trial_row
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
-from servetune.slo import Objective, latency
+from servetune.measure.slo import Objective, latency
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
-from servetune.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, TuneState, read_trial,
+from servetune.study.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, TuneState, read_trial,
                               write_trial)
-from servetune.study import StudyLock, check_storage, default_storage, open_study, trial_dir
+from servetune.study.storage import StudyLock, check_storage, default_storage, open_study, trial_dir
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
-from servetune.trial import DRAIN_GUESS_S, LevelOptions, Race, TrialPlan, least_requests, requests_per_s
-from servetune.verdict import Decision
+from servetune.trial.run import DRAIN_GUESS_S, LevelOptions, Race, TrialPlan, least_requests, requests_per_s
+from servetune.measure.verdict import Decision
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
@@ -439,7 +439,7 @@ class Tuner:
         hooks.trial_finished(job.number, out)
 
     def confirm(self, tokenizer) -> None:
-        """The head-to-head (`servetune.confirm`): is the pick better than vLLM's defaults at the pick's rate? Decided
+        """The head-to-head (`servetune.tuner.confirm`): is the pick better than vLLM's defaults at the pick's rate? Decided
         by the defaults' own search where it failed at or below that rate, else by the defaults launched again and
         measured there; stored in the study as its `confirmation`. A resumed study that measured nothing new keeps
         the confirmation it has."""

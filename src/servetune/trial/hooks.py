@@ -3,7 +3,7 @@
 process (`executors.Inline`, through `trial.run_trial`) call them."""
 
 from servetune.loadgen.records import RequestRecord
-from servetune.outcome import TrialOutcome
+from servetune.study.outcome import TrialOutcome
 
 
 class Hooks:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from servetune.executors import Executor, Job, WorkerError, WorkerLost
-from servetune.outcome import TrialOutcome
+from servetune.study.outcome import TrialOutcome
 
 MAX_LOST_IN_A_ROW = 3  # trials whose worker died, one after another, before giving up
 

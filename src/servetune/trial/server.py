@@ -8,11 +8,11 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from servetune.bench import LevelResult, measure_level
+from servetune.measure.bench import LevelResult, measure_level
 from servetune.engine import Engine, StartupFacts
 from servetune.engine.logfacts import FailureKind
 from servetune.loadgen import LoadShape, RequestRecord, Target
-from servetune.outcome import Failure
+from servetune.study.outcome import Failure
 from servetune.workload import RequestSpec
 
 

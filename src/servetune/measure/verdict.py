@@ -43,8 +43,8 @@ from pydantic import BaseModel, ConfigDict
 from scipy import stats
 
 from servetune.loadgen.records import RequestRecord
-from servetune.metrics import e2el_ms, itls_ms
-from servetune.slo import latency
+from servetune.measure.metrics import e2el_ms, itls_ms
+from servetune.measure.slo import latency
 
 QUANTILE = 0.99  # the SLOs are p99s
 CONFIDENCE = 0.95

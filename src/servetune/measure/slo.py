@@ -10,7 +10,7 @@ from typing import Any
 
 from servetune.errors import ServetuneError
 from servetune.loadgen.records import RequestRecord
-from servetune.metrics import LevelMetrics, e2el_ms, tpot_ms, ttft_ms
+from servetune.measure.metrics import LevelMetrics, e2el_ms, tpot_ms, ttft_ms
 
 class Objective(StrEnum):
     """What a study maximizes."""
