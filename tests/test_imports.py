@@ -1,4 +1,5 @@
-"""servetune's import graph has no circles, and the modules a user runs do not import vLLM or pytest.
+"""servetune's import graph has no circles, points only down its stages, and the modules a user runs do not import
+vLLM or pytest.
 
 The graph is read with `ast` from src/servetune: every import counts, at the top of a module or deferred inside a
 function or an `if TYPE_CHECKING:` block; relative imports are resolved; `from pkg import name` is an edge to
@@ -100,6 +101,60 @@ def test_no_import_circles_in_servetune():
     assert len(graph) > 30 and "servetune.tuner.loop" in graph["servetune.cli"]
     found = circles(graph)
     assert not found, "import circles in src/servetune:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+# servetune's stages, bottom first: a module imports modules of its own layer or of a lower one, never of a higher.
+# A request's way: workload → load generator → measurement (metrics, verdict) → trial (engine + a level) → search
+# → study; the tuner runs it all. Each entry is a module or a package (all the modules under it).
+LAYERS = [
+    ("servetune", "servetune.errors", "servetune.knobs", "servetune.jsonio", "servetune.safeyaml",
+     "servetune.redact", "servetune.interrupt", "servetune.timelimit", "servetune.tinymodel"),
+    ("servetune.workload",),
+    ("servetune.loadgen",),
+    ("servetune.engine",),
+    ("servetune.measure",),
+    ("servetune.study",),
+    ("servetune.report",),
+    ("servetune.search",),
+    ("servetune.trial",),
+    ("servetune.executors",),
+    ("servetune.tuner",),
+    ("servetune.testing",),
+    ("servetune.demo", "servetune.verify"),
+    ("servetune.options", "servetune.console"),
+    ("servetune.cli", "servetune.__main__"),
+]
+
+
+def layer_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> int | None:
+    """The index of the layer whose longest entry is `module` or a package above it; None when none is."""
+    best = max(((len(entry), i) for i, entries in enumerate(layers) for entry in entries
+                if module == entry or module.startswith(entry + ".") and entry.count(".")), default=None)
+    return best[1] if best else None
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[tuple[str, ...]] = LAYERS) -> list[str]:
+    """Each import of a module in a higher layer than the importer's, as `importer -> imported`."""
+    return sorted(f"{m} -> {e}" for m, edges in graph.items() for e in edges
+                  if layer_of(e, layers) > layer_of(m, layers))
+
+
+def test_the_layer_check_sees_an_import_that_points_up():
+    layers = [("pkg", "pkg.base"), ("pkg.low",), ("pkg.high",)]
+    graph = {"pkg": set(), "pkg.base": set(), "pkg.low": {"pkg.base"}, "pkg.low.a": {"pkg.low"},
+             "pkg.high.b": {"pkg.low.a", "pkg.base"}}
+    assert [layer_of(m, layers) for m in graph] == [0, 0, 1, 1, 2] and layer_of("other", layers) is None
+    assert upward_imports(graph, layers) == []
+    graph["pkg.base"].add("pkg.high.b")
+    graph["pkg.low.a"].add("pkg.high.b")
+    assert upward_imports(graph, layers) == ["pkg.base -> pkg.high.b", "pkg.low.a -> pkg.high.b"]
+
+
+def test_every_module_has_a_layer_and_imports_point_down():
+    graph = import_graph()
+    assert [m for m in graph if layer_of(m) is None] == [], "add the new module to LAYERS"
+    found = upward_imports(graph)
+    assert not found, "imports of a higher layer (see LAYERS):\n" + "\n".join(found)
 
 
 def test_only_servetune_testing_imports_servetune_testing():
