@@ -11,7 +11,7 @@ arrival seed = run index.
 A verdict HOLDS when, over the runs' successful timed requests pooled, every p99 the study has an SLO on is
 within it (TTFT, TPOT, E2EL: one value per request; ITL: every gap of every request), no run lost a request
 to an error, and the runs kept up: their mean keep-up ratio >= 0.95, or short of it by no more than 1.645
-pooled standard errors (`servetune.search.objective.fell_behind`). The study is read with plain Optuna and
+pooled standard errors (`servetune.measure.verdict.fell_behind`). The study is read with plain Optuna and
 dicts, so that outcomes of other schema versions read the same.
 
 Usage: PYTHONPATH=src .venv/bin/python bench/verdicts.py --out OUT --json verdicts.json [--requests 300]
@@ -33,7 +33,7 @@ from servetune.measure.bench import measure_level
 from servetune.engine import Engine, EngineFailed
 from servetune.loadgen import LoadShape, Target
 from servetune.measure.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
-from servetune.search.objective import fell_behind
+from servetune.measure.verdict import fell_behind
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
 try:  # the pooled p99's bootstrap interval, reported beside it (it decides nothing)

@@ -1,14 +1,18 @@
 """Level verdicts by statistics: known counts over the SLO give pass / fail / undecided at the stated confidence,
 the whole sequence of looks keeps its error rates, ITL's correlated gaps widen the bounds, and requests count
-in send order (synthetic records in integer ns, no server)."""
+in send order (synthetic records in integer ns, no server); a level's verdict adds whether the server kept up and
+the reasons it did not pass."""
 
 import math
 
 import numpy as np
+import outcomes
+import pytest
 
 from servetune.loadgen.records import RequestRecord
-from servetune.measure.verdict import (RAMP_SAMPLE, Boundaries, Decision, LevelTest, binomial_cdf, clopper_pearson,
-                               itl_bounds, passes)
+from servetune.measure.verdict import (RAMP_SAMPLE, Boundaries, Decision, LevelTest, SloTest, binomial_cdf,
+                                       clopper_pearson, fail_reasons, itl_bounds, keeping_up_unshown, level_verdict,
+                                       passes)
 
 MS = 1_000_000
 
@@ -147,3 +151,61 @@ def test_an_itl_slo_passes_only_when_enough_gaps_are_clear_and_fails_on_a_stall_
         if stalled.add(record(i, gaps_ms=gaps)) != Decision.UNDECIDED:
             break
     assert stalled.decision == Decision.FAIL
+
+
+def _metrics(**kw):
+    base = {"p99_ttft_ms": 100.0, "p99_tpot_ms": 20.0, "p99_itl_ms": 30.0, "p99_e2el_ms": 900.0, "failed": 0,
+            "stopped_early": False, "offered_request_rate": 10.0, "steady_request_rate": 9.8, "keep_up_ratio": 0.99}
+    return outcomes.level_metrics(**(base | kw))
+
+
+def test_a_level_fails_unless_its_slos_are_met_and_the_server_keeps_up():
+    slo = {"tpot_p99_ms": 25.0}
+    assert fail_reasons(_metrics(), slo) == []
+    assert fail_reasons(_metrics(p99_tpot_ms=30.0), slo) == ["tpot_p99_ms 30.0 > 25"]
+    # the issue's case: 26 req/s offered, 19.5 served, latency SLOs met while the queue fills
+    assert fail_reasons(_metrics(offered_request_rate=26.0, steady_request_rate=19.5, keep_up_ratio=0.75), slo) == [
+        "fell behind: completed 75% of arrivals (19.50 of 26.00 req/s)"]
+    # 93% over a short level whose shortfall is within its noise keeps up; 75% with the same noise does not
+    assert fail_reasons(_metrics(keep_up_ratio=0.93, keep_up_se=0.04), slo) == []
+    assert fail_reasons(_metrics(offered_request_rate=26.0, steady_request_rate=19.5, keep_up_ratio=0.75,
+                                  keep_up_se=0.04), slo) == [
+        "fell behind: completed 75% of arrivals, at most 82% within noise (19.50 of 26.00 req/s)"]
+    # arrivals were sparse in the steady part, but every one completed: that is keeping up
+    assert fail_reasons(_metrics(steady_request_rate=9.0, keep_up_ratio=1.0), slo) == []
+    assert fail_reasons(_metrics(failed=2), slo) == ["2 requests failed"]
+    assert fail_reasons(_metrics(offered_request_rate=math.inf, steady_request_rate=None, keep_up_ratio=None), slo) == []
+
+
+def test_a_level_passes_only_when_its_keeping_up_is_shown():
+    """A ratio between the bounds neither fails (fell_behind) nor passes: the level is undecided."""
+    assert keeping_up_unshown(0.99, 0.01) is None and keeping_up_unshown(1.0, None) is None
+    assert keeping_up_unshown(1.02, 0.03) is None  # 97.1% at least: shown
+    assert keeping_up_unshown(0.96, 0.01) == (
+        "keeping up not shown: completed 96% of arrivals, at least 94.4% within noise (needs 95%)")
+    assert keeping_up_unshown(0.93, 0.04) is not None and fail_reasons(_metrics(keep_up_ratio=0.93, keep_up_se=0.04),
+                                                                        {"tpot_p99_ms": 25.0}) == []
+    assert keeping_up_unshown(None, None) is None  # no steady part: fell_behind says it
+
+
+@pytest.mark.parametrize("ratio, verdict", [(0.99, "pass"), (0.96, "undecided"), (0.80, "fail")])
+def test_a_levels_verdict_waits_for_keeping_up_to_be_shown(ratio, verdict):
+    level = level_verdict(_metrics(keep_up_ratio=ratio, keep_up_se=0.01), {"tpot_p99_ms": 25.0}, None, None)
+    assert level.decision == verdict and level.tests == [] and level.rejected == 0
+    assert any("keeping up not shown" in reason for reason in level.reasons) == (verdict == "undecided")
+
+
+def test_with_statistical_tests_each_slo_is_judged_by_its_test_not_its_p99():
+    def test(decision, over):
+        return SloTest(slo="tpot_p99_ms", bound_ms=25.0, over=over, counted=300, requests=300, low=0.0,
+                       high=0.02, decision=decision)
+
+    slo = {"tpot_p99_ms": 25.0}
+    # a p99 over the bound by one request is not a failure when the count cannot show one
+    assert fail_reasons(_metrics(p99_tpot_ms=30.0), slo, tests=[test("pass", 0)]) == []
+    assert fail_reasons(_metrics(), slo, tests=[test("fail", 9)]) == [
+        "tpot_p99_ms: 9 of 300 requests over 25 ms, 0.00-2.00% over (limit 1%)"]
+    assert fail_reasons(_metrics(), slo, tests=[test("undecided", 2)]) == []
+    undecided = level_verdict(_metrics(), slo, [test("undecided", 2)], stopped="time limit")
+    assert undecided.decision == Decision.UNDECIDED and undecided.reasons[0].startswith("undecided: tpot_p99_ms: 2 of 300")
+    assert undecided.reasons[-1] == "stopped by the time limit"

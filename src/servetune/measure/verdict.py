@@ -1,4 +1,4 @@
-"""Level verdicts by statistics: does a p99 SLO hold at a level's rate, with a stated confidence?
+"""A level's verdict: does each p99 SLO hold at its rate, with a stated confidence, and did the server keep up?
 
 A p99 SLO holds when at most 1% of requests (of gaps, for ITL) are over its bound. A level counts the
 requests over each bound as they finish and decides with a binomial bound on that count (MLPerf LoadGen's
@@ -31,10 +31,15 @@ Bonferroni-split; its pass look is the one at the end.
 `LevelTest` takes each finished request record and counts, in send order, the requests that have all
 finished (the requests still in flight are the slow ones, and a count that left them out would lean toward
 passing), leaving out those sent while the level filled up.
+
+A level must also keep up (`fell_behind`, `keeping_up_unshown`): in its steady part, complete at least 95% as many
+requests as arrive, judged by the ratio's one-sided 95% bounds. `level_verdict` puts the tests, the keep-up test
+and the reasons together into a level's `LevelVerdict`.
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 
@@ -43,7 +48,7 @@ from pydantic import BaseModel, ConfigDict
 from scipy import stats
 
 from servetune.loadgen.records import RequestRecord
-from servetune.measure.metrics import e2el_ms, itls_ms
+from servetune.measure.metrics import LevelMetrics, e2el_ms, itls_ms
 from servetune.measure.slo import latency
 
 QUANTILE = 0.99  # the SLOs are p99s
@@ -331,3 +336,110 @@ class LevelTest:
         if self.decision == Decision.UNDECIDED and self.requests:
             self._decide(final=True)
         return self.decision
+
+
+KEEP_UP_FRACTION = 0.95  # a level keeps up when, in its steady part, >= 95% as many requests complete as arrive
+KEEP_UP_Z = 1.645  # ... judged by the ratio's one-sided 95% bounds: fails below the upper, passes above the lower
+
+
+@dataclass(frozen=True)
+class LevelVerdict:
+    """A measured level's verdict (`level_verdict`): its decision, why it did not pass (empty on a pass), each SLO's
+    test, and the requests the config refused or cut short."""
+
+    decision: Decision
+    reasons: list[str]
+    tests: list[SloTest]
+    rejected: int
+
+
+def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequence[SloTest] | None,
+                  stopped: str | None) -> LevelVerdict:
+    """A level's verdict from its metrics and its SLOs' finished tests (None: a level at rate inf, judged by its
+    p99s), `stopped` saying what ended it (`"saturated"`, `"time limit"`, ...): fail on any hard reason (an SLO's
+    test failed, errors, rejected or short replies, a lagging client, saturation, falling behind), pass when
+    every test passed and the level showed it keeps up, else undecided (a test still open at the cap or at the
+    time limit, keeping up not shown)."""
+    short = metrics.errors.get("short", 0)
+    hard = fail_reasons(metrics, slo, short, tests)
+    if stopped == "saturated":
+        hard.append("cut short: saturated")
+    open_tests = [t for t in tests or [] if t.decision == Decision.UNDECIDED] + [
+        name for name in slo if tests is not None and name not in {t.slo for t in tests}]
+    unshown = (keeping_up_unshown(metrics.keep_up_ratio, metrics.keep_up_se)
+               if math.isfinite(metrics.offered_request_rate) else None)
+    if hard:
+        decision, reasons = Decision.FAIL, hard
+    elif open_tests or unshown:
+        decision = Decision.UNDECIDED
+        reasons = [f"undecided: {t}" if isinstance(t, SloTest) else f"undecided: {t}: no request counted"
+                   for t in open_tests] + ([f"undecided: {unshown}"] if unshown else [])
+        if stopped == "time limit":
+            reasons.append("stopped by the time limit")
+    else:
+        decision, reasons = Decision.PASS, []
+    return LevelVerdict(decision=decision, reasons=reasons, tests=list(tests or []),
+                        rejected=rejected_requests(metrics) + short)
+
+
+def rejected_requests(metrics: LevelMetrics) -> int:
+    """Requests the server refused as invalid for this config (HTTP 4xx: too long for max-model-len, ...)."""
+    return sum(n for kind, n in metrics.errors.items() if kind.startswith("http_4"))
+
+
+def fail_reasons(metrics: LevelMetrics, slo: Mapping[str, float], short_replies: int = 0,
+                 tests: Sequence[SloTest] | None = None) -> list[str]:
+    """Why a level fails (empty when nothing fails it). With `tests` (the level's statistical tests) each SLO is
+    judged by its test, and a failed one is a reason; without them, by the level's p99 against its bound. A level
+    must also keep up: finish its requests without errors and, in its steady part, complete >= 95% as many
+    requests as arrive, or fall short by no more than its own noise (`fell_behind`); an overloaded level can meet
+    latency SLOs while its queue is still filling.
+    Requests the config rejects, replies cut short of max_tokens and a client that fell behind its own
+    schedule (`client_lagging`) are named apart from server-side failures."""
+    if tests is None:
+        reasons = [f"{name} {latency(name).p99(metrics):.1f} > {bound:g}"
+                   for name, bound in slo.items() if latency(name).p99(metrics) > bound]
+    else:
+        reasons = [str(test) for test in tests if test.decision == Decision.FAIL]
+    rejected = rejected_requests(metrics)
+    if rejected:
+        reasons.append(f"config rejected {rejected} requests (HTTP 4xx)")
+    if metrics.failed - rejected - short_replies:
+        reasons.append(f"{metrics.failed - rejected - short_replies} requests failed")
+    if short_replies:
+        reasons.append(f"config cut {short_replies} replies short of max_tokens")
+    if metrics.client_lagging:
+        reasons.append(f"client fell behind its schedule (p99 lag {metrics.p99_schedule_lag_ms:.0f} ms): "
+                       "not a measurement of the server")
+    if math.isfinite(metrics.offered_request_rate) and (
+            behind := fell_behind(metrics.keep_up_ratio, metrics.keep_up_se)):
+        steady = metrics.steady_request_rate or 0.0
+        reasons.append(f"{behind} ({steady:.2f} of {metrics.offered_request_rate:.2f} req/s)")
+    return reasons
+
+
+def fell_behind(ratio: float | None, se: float | None) -> str | None:
+    """Why a keep-up ratio (`LevelMetrics.keep_up_ratio`, with its standard error) says the server fell behind, or
+    None: it did when even the ratio's one-sided 95% upper bound is below KEEP_UP_FRACTION. Without the
+    bound, 2 of 40 requests ending past a window's edge by chance would fail a level."""
+    if ratio is None:
+        return "fell behind: no request completed in the level's steady part"
+    high = ratio + KEEP_UP_Z * (se or 0.0)
+    if high >= KEEP_UP_FRACTION:
+        return None
+    return (f"fell behind: completed {100 * ratio:.0f}% of arrivals"
+            + (f", at most {100 * high:.0f}% within noise" if se else ""))
+
+
+def keeping_up_unshown(ratio: float | None, se: float | None) -> str | None:
+    """Why a level that did not fall behind (`fell_behind`) has not shown that it keeps up, or None when it has:
+    the ratio's one-sided 95% lower bound is at or above KEEP_UP_FRACTION. A level passes on evidence, as its SLO
+    tests do: a server a few percent short of its arrival rate queues without bound, and a level of a few hundred
+    requests cannot tell it from one that keeps up unless the bound says so."""
+    if ratio is None:
+        return None
+    low = ratio - KEEP_UP_Z * (se or 0.0)
+    if low >= KEEP_UP_FRACTION:
+        return None
+    return (f"keeping up not shown: completed {100 * ratio:.0f}% of arrivals, at least {100 * low:.1f}% within noise "
+            f"(needs {100 * KEEP_UP_FRACTION:.0f}%)")

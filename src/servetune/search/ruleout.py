@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.study.outcome import TrialOutcome
-from servetune.search.objective import KEEP_UP_FRACTION
+from servetune.measure.verdict import KEEP_UP_FRACTION
 from servetune.measure.slo import ITL, REQUESTS_PER_S
 
 

@@ -5,11 +5,11 @@ would refuse or cut short part of the workload is not measured. A search trial m
 request at once, held to CAPACITY_S once enough have finished), then the rate search (`RateSearch`). A candidate
 given a `race` (the best goodput rate measured so far) is measured there first, with the fail-early test: it
 loses in seconds, or passes and is measured next at the rate that would beat the best, and searched upward from
-there. A head-to-head trial measures fixed (rate, seed)
-levels. Each level at a finite rate sends until its statistical verdict is final (`servetune.measure.verdict`); the trial's
-budget (`timelimit.LevelBudget`) sizes it, and a level that could not reach a verdict before the budget's end is not
-started. A trial that fails (OOM, bad config, a server that dies, a workload the config rejects) returns an outcome
-that says so; it never raises for the engine's sake.
+there. A head-to-head trial measures fixed (rate, seed) levels. Each level at a finite rate sends until its
+verdict is final (`servetune.measure.verdict`); the trial's budget (`timelimit.LevelBudget`) sizes it, and a level
+that could not reach a verdict before the budget's end is not started. A trial that fails (OOM, bad config, a
+server that dies, a workload the config rejects) returns an outcome that says so; it never raises for the engine's
+sake.
 """
 
 import math
@@ -28,11 +28,11 @@ from servetune.trial.hooks import Hooks
 from servetune.loadgen import LoadShape, RequestRecord
 from servetune.measure.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
 from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
-from servetune.search.objective import RateSearch, keeping_up_unshown, level_verdict, rejected_requests
+from servetune.search.objective import RateSearch
 from servetune.trial.server import Server, VllmServer
 from servetune.measure.slo import TPOT, TTFT, Objective
 from servetune.timelimit import Clock, LevelBudget, duration
-from servetune.measure.verdict import Decision, LevelTest, SloTest, least_counted
+from servetune.measure.verdict import Decision, LevelTest, least_counted, level_verdict
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.trace import trace_rate
 
@@ -200,14 +200,15 @@ def run_trial(
     if budget is not None:
         startup_timeout_s = max(1.0, min(startup_timeout_s, budget.deadline - started))
     server = launch(plan, engine_args, out_dir / "server.log", startup_timeout_s)
-    facts: dict[str, Any] = {"rate_unit": plan.workload.rate_unit}
+    unit = plan.workload.rate_unit
     try:
-        facts["startup"] = server.start()
+        startup = server.start()
     except EngineFailed as e:
-        if budget is not None and clock.time() >= budget.deadline:
-            facts["cut_short"] = "time limit: the launch did not finish before the deadline"
+        late = budget is not None and clock.time() >= budget.deadline
         failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=server.log_path.name)
-        return TrialOutcome.failed(server.engine_args, failure, wall_s=clock.time() - started, **facts)
+        cut = "time limit: the launch did not finish before the deadline" if late else None
+        return TrialOutcome.failed(server.engine_args, failure, rate_unit=unit, wall_s=clock.time() - started,
+                                   cut_short=cut)
     trial = Levels(plan, server, out_dir, budget, clock, hooks)
     search = None
     try:
@@ -217,18 +218,18 @@ def run_trial(
     finally:
         alive = server.alive()
         server.stop()
-    facts["wall_s"] = clock.time() - started
+    wall_s = clock.time() - started
     if refusal is not None:
-        return TrialOutcome.failed(server.engine_args, refusal, **facts)
-    if trial.cut is not None:
-        facts |= {"cut_short": trial.cut, "needed_s": trial.needed_s}
-    if trial.levels and not plan.fixed_levels:
-        facts |= _search_result(trial.levels, search)
-    if not alive:
-        failure = Failure(kind=FailureKind.DIED, reason="the server died during the load levels",
-                          log=server.log_path.name)
-        return TrialOutcome.failed(server.engine_args, failure, levels=trial.levels, **facts)
-    return TrialOutcome(status=TrialStatus.OK, config=server.engine_args, levels=trial.levels, **facts)
+        return TrialOutcome.failed(server.engine_args, refusal, rate_unit=unit, startup=startup, wall_s=wall_s)
+    died = None if alive else Failure(kind=FailureKind.DIED, reason="the server died during the load levels",
+                                      log=server.log_path.name)
+    figures = _headline(trial.levels, search) if trial.levels and not plan.fixed_levels else Headline()
+    return TrialOutcome(
+        status=TrialStatus.OK if alive else TrialStatus.FAILED, config=server.engine_args, failure=died,
+        rate_unit=unit, startup=startup, levels=trial.levels, wall_s=wall_s, cut_short=trial.cut,
+        needed_s=trial.needed_s, request_throughput=figures.request_throughput, goodput_rate=figures.goodput_rate,
+        goodput_bracket=figures.goodput_bracket, p99_ttft_ms=figures.p99_ttft_ms, p99_tpot_ms=figures.p99_tpot_ms,
+        preemptions=figures.preemptions, rejected_requests=figures.rejected_requests)
 
 
 class Levels:
@@ -380,36 +381,15 @@ class Levels:
 
 def _level_outcome(name: LevelName, rate: float, seed: int, result, stop: LevelStop, slo: dict[str, float],
                    records: str, attempts: int) -> LevelOutcome:
-    """A measured level with its verdict: fail on any hard reason (an SLO's test failed, errors, rejected or
-    short replies, a lagging client, saturation, falling behind), pass when every test passed and the level
-    showed it keeps up, else undecided (a test still open at the cap or at the time limit, keeping up not
-    shown)."""
-    short = result.metrics.errors.get("short", 0)
+    """A measured level with its verdict (`level_verdict`), its SLOs' tests finished first."""
     if stop.test is not None:
         stop.test.finish()
     tests = list(stop.test.tests.values()) if stop.test is not None else None
-    hard = level_verdict(result.metrics, slo, short, tests=[t for t in tests or [] if t.decision == Decision.FAIL]
-                         if tests is not None else None)
-    if stop.why == "saturated":
-        hard.append("cut short: saturated")
-    open_tests = [t for t in tests or [] if t.decision == Decision.UNDECIDED] + [
-        name for name in slo if tests is not None and name not in {t.slo for t in tests}]
-    unshown = (keeping_up_unshown(result.metrics.keep_up_ratio, result.metrics.keep_up_se)
-               if math.isfinite(result.metrics.offered_request_rate) else None)
-    if hard:
-        verdict, reasons = Decision.FAIL, hard
-    elif open_tests or unshown:
-        verdict = Decision.UNDECIDED
-        reasons = [f"undecided: {t}" if isinstance(t, SloTest) else f"undecided: {t}: no request counted"
-                   for t in open_tests] + ([f"undecided: {unshown}"] if unshown else [])
-        if stop.why == "time limit":
-            reasons.append("stopped by the time limit")
-    else:
-        verdict, reasons = Decision.PASS, []
-    return LevelOutcome(name=name, rate=rate, seed=seed, verdict=verdict, passed=verdict == Decision.PASS,
-                        reasons=reasons, tests=tests or [], stopped=stop.why, metrics=result.metrics,
-                        server=result.server, records=records,
-                        rejected=rejected_requests(result.metrics) + short, attempts=attempts)
+    verdict = level_verdict(result.metrics, slo, tests, stop.why)
+    return LevelOutcome(name=name, rate=rate, seed=seed, verdict=verdict.decision,
+                        passed=verdict.decision == Decision.PASS, reasons=verdict.reasons, tests=verdict.tests,
+                        stopped=stop.why, metrics=result.metrics, server=result.server, records=records,
+                        rejected=verdict.rejected, attempts=attempts)
 
 
 def failed_far(level: LevelOutcome) -> bool:
@@ -419,17 +399,29 @@ def failed_far(level: LevelOutcome) -> bool:
                                                or any(t.low >= FAR_OVER for t in level.tests))
 
 
-def _search_result(levels: list[LevelOutcome], search: RateSearch | None) -> dict[str, Any]:
-    """A search trial's headline figures: capacity (None: not measured), the goodput rate (None: none passed) and
-    its bracket (goodput objective), the p99s at its `headline_level`, preemptions and rejected requests in all."""
+@dataclass(frozen=True)
+class Headline:
+    """A search trial's headline figures (`_headline`); all None where no search ran (a head-to-head's trial)."""
+
+    request_throughput: float | None = None  # at the capacity level (None: not measured)
+    goodput_rate: float | None = None  # the highest rate that passed (None: none did, or no rate search)
+    goodput_bracket: tuple[float, float] | None = None
+    p99_ttft_ms: float | None = None  # at the `headline_level`
+    p99_tpot_ms: float | None = None
+    preemptions: float | None = None  # in all levels
+    rejected_requests: int | None = None
+
+
+def _headline(levels: list[LevelOutcome], search: RateSearch | None) -> Headline:
+    """A search trial's headline figures: capacity, the goodput rate and its bracket (goodput objective), the p99s
+    at its `headline_level`, preemptions and rejected requests in all."""
     capacity = next((lv for lv in levels if lv.name == LevelName.CAPACITY and lv.metrics.completed), None)
-    result: dict[str, Any] = {"request_throughput": capacity.metrics.request_throughput if capacity else None}
-    if search is not None:
-        result |= {"goodput_rate": search.goodput_rate, "goodput_bracket": search.bracket}
     headline = headline_level(levels)
-    return result | {
-        "p99_ttft_ms": headline.metrics.p99_ttft_ms if headline else None,
-        "p99_tpot_ms": headline.metrics.p99_tpot_ms if headline else None,
-        "preemptions": sum((lv.server or {}).get("num_preemptions", 0) for lv in levels),
-        "rejected_requests": sum(lv.rejected for lv in levels),
-    }
+    return Headline(
+        request_throughput=capacity.metrics.request_throughput if capacity else None,
+        goodput_rate=search.goodput_rate if search is not None else None,
+        goodput_bracket=search.bracket if search is not None else None,
+        p99_ttft_ms=headline.metrics.p99_ttft_ms if headline else None,
+        p99_tpot_ms=headline.metrics.p99_tpot_ms if headline else None,
+        preemptions=sum((lv.server or {}).get("num_preemptions", 0) for lv in levels),
+        rejected_requests=sum(lv.rejected for lv in levels))
