@@ -23,8 +23,8 @@ from pathlib import Path
 from servetune.engine.installed import InstalledVllm
 from servetune.executors import Job
 from servetune.measure.metrics import LevelMetrics
-from servetune.study.outcome import LevelOutcome, TrialOutcome
 from servetune.search.space import build_space
+from servetune.study.outcome import LevelOutcome, TrialOutcome
 from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadSpec

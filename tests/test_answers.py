@@ -21,9 +21,9 @@ from rich.console import Console
 import outcomes
 from servetune.console import result_table
 from servetune.engine.logfacts import FailureKind, StartupFacts
+from servetune.report import publish
 from servetune.study.outcome import Failure, LevelName, TrialOutcome
 from servetune.study.record import HeadToHead, LevelRecord, Progress, StudyMeta, StudyRecord, TrialRecord
-from servetune.report import publish
 from servetune.study.results import Results, write_outputs
 
 KNOB = {"max_num_batched_tokens": [128, 256, 512]}

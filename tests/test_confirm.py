@@ -4,8 +4,8 @@ rate) decides whether it beats them (worked out from rows and outcomes, no serve
 
 import outcomes
 
-from servetune.tuner.confirm import candidates_of, decide, deciding_level, failed_at_or_below
 from servetune.study.results import TrialRow, beats
+from servetune.tuner.confirm import candidates_of, decide, deciding_level, failed_at_or_below
 
 
 def row(trial: int, role: str, low: float, high: float) -> TrialRow:

@@ -20,8 +20,8 @@ from servetune.engine.launcher import release_port, reserve_port
 from servetune.errors import ServetuneError
 from servetune.executors import Inline, Job, WorkerLost, make_executor
 from servetune.executors.local import LocalPool
-from servetune.trial.hooks import Hooks
 from servetune.study.outcome import TrialOutcome, TrialStatus
+from servetune.trial.hooks import Hooks
 
 GPUS = InstalledVllm("0.0", "cuda", {}, 80 * 2**30, "test GPU", device_count=3)
 CPU = InstalledVllm("0.0", "cpu", {})

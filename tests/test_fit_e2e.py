@@ -15,9 +15,9 @@ import yaml
 
 from conftest import vllm_processes, word_level_tokenizer_dir
 from servetune.engine import Engine
+from servetune.search.space import build_space
 from servetune.study.record import StudyMeta
 from servetune.study.results import headroom
-from servetune.search.space import build_space
 from servetune.tinymodel import write_tiny_model
 from servetune.trial.server import preflight
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer

@@ -4,12 +4,12 @@ import optuna
 import outcomes
 from optuna.trial import TrialState
 
-from servetune.executors import Job
 from servetune.engine.memory import Device, GiB, ModelShape
-from servetune.study.record import StudyRecord, TrialRecord, read_trial, write_trial
+from servetune.executors import Job
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.space import SearchSpace
 from servetune.search.strategies import make_strategy
+from servetune.study.record import StudyRecord, TrialRecord, read_trial, write_trial
 from servetune.trial.run import TrialPlan
 from servetune.tuner.loop import Launch, Proposer, Skip, TuneOptions
 from servetune.workload import WorkloadSpec

@@ -19,12 +19,12 @@ from rich.console import Console
 import outcomes
 from servetune.console import result_table
 from servetune.engine.logfacts import StartupFacts
-from servetune.study.outcome import SCHEMA_VERSION, LevelOutcome, TrialOutcome
 from servetune.report import write_report
-from servetune.study.record import StudyRecord
 from servetune.report.charts import pareto_front
-from servetune.study.results import Results
 from servetune.search.objective import RateSearch
+from servetune.study.outcome import SCHEMA_VERSION, LevelOutcome, TrialOutcome
+from servetune.study.record import StudyRecord
+from servetune.study.results import Results
 from servetune.study.storage import STUDY_NAME, StudyError
 
 KNOBS = {"max_num_batched_tokens": [2048, 4096, 8192, 16384], "max_num_seqs": [64, 128, 256, 512],
@@ -231,9 +231,9 @@ def test_a_version_1_level_reads_with_the_verdict_its_p99s_gave():
 
 
 def test_a_trace_studys_rates_are_speed_ups_in_the_report_and_the_head_to_head(tmp_path):
-    from servetune.tuner.confirm import decide
     from servetune.study.record import StudyRecord
     from servetune.study.results import Results
+    from servetune.tuner.confirm import decide
 
     trace = {"trace": {"path": "trace.csv"}, "request_rate": 1.0}
     params = dict(zip(KNOBS, (8192, 256, True, 0.9)))

@@ -7,12 +7,12 @@ from optuna.trial import TrialState
 
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
-from servetune.study.record import StudyRecord, TrialRecord, read_trial, write_trial
-from servetune.study.results import choose_best, vllm_config_yaml
-from servetune.search.objective import RateSearch
 from servetune.measure.slo import parse_slo
+from servetune.search.objective import RateSearch
 from servetune.search.space import NO_CHUNK_REASON, SearchSpace, batched_tokens_ladder, build_space
 from servetune.search.strategies import SeedStrategy, make_strategy, suggest
+from servetune.study.record import StudyRecord, TrialRecord, read_trial, write_trial
+from servetune.study.results import choose_best, vllm_config_yaml
 
 FLAGS = {name: {"kind": "value", "default": None, "choices": None} for name in (
     "max_num_batched_tokens", "max_model_len", "max_num_seqs", "gpu_memory_utilization", "block_size")}
@@ -243,8 +243,8 @@ def test_a_strategy_registers_itself_and_the_cli_offers_it(monkeypatch):
 
 
 def test_a_knob_is_declared_once_for_the_space_the_procedure_and_the_memory_model():
-    from servetune.knobs import KNOBS, OPTIONAL, first_rung, knob
     from servetune.engine.memory import Device, GiB, ModelShape, resolve_engine_args
+    from servetune.knobs import KNOBS, OPTIONAL, first_rung, knob
 
     gpu = build_space(InstalledVllm("0.24.0", "cuda", FLAGS), 1000, optional=["block_size"])
     assert [k.name for k in SPACE.knobs] == [k.arg for k in KNOBS if k.option is None and k.values(True, 1008)]

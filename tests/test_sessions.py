@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from servetune.measure.bench import measure_level
 from servetune.loadgen import LoadShape, RequestRecord, Target, run_load_sync
+from servetune.measure.bench import measure_level
 from servetune.measure.metrics import per_turn
 from servetune.tinymodel import write_tiny_model
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload

@@ -4,9 +4,9 @@ measured trials rule out (a prefill step longer than the p99 ITL SLO)."""
 import optuna
 import outcomes
 
-from servetune.study.record import read_trial, write_trial
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.strategies import make_strategy
+from servetune.study.record import read_trial, write_trial
 
 from test_search import SPACE, _tell
 

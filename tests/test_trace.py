@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from test_sessions import EchoServer
 
-from servetune.measure.bench import measure_level
 from servetune.loadgen import LoadShape, Target, run_load_sync
 from servetune.loadgen.arrival import replay_ns
+from servetune.measure.bench import measure_level
 from servetune.tinymodel import write_tiny_model
 from servetune.trial.run import LevelOptions, TrialPlan, requests_per_s
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload

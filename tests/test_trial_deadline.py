@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from servetune.trial.hooks import Hooks
-from servetune.trial.server import VllmServer
 from servetune.timelimit import LevelBudget
+from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions, Levels, Race, TrialPlan
+from servetune.trial.server import VllmServer
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}

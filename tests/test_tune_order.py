@@ -5,13 +5,13 @@ from concurrent.futures import Future
 
 import pytest
 
-from servetune.testing.installed import VLLM_CPU
 from servetune.errors import ServetuneError
 from servetune.executors import Job
 from servetune.study.outcome import Failure, TrialOutcome
 from servetune.study.storage import StudyError
-from servetune.trial.run import LevelOptions
+from servetune.testing.installed import VLLM_CPU
 from servetune.trial.hooks import Hooks
+from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadError, WorkloadSpec
 

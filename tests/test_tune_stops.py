@@ -10,14 +10,14 @@ from concurrent.futures import Future
 import pytest
 
 import outcomes
-from servetune.testing.installed import VLLM_CPU
 from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study.storage import StudyError, StudyLock, default_storage
+from servetune.testing.installed import VLLM_CPU
 from servetune.testing.simengine import SimClock
 from servetune.timelimit import GUESS_LAUNCH_S, Keep, LevelBudget, TimePlan, parse_duration
-from servetune.trial.run import LevelOptions
 from servetune.trial.hooks import Hooks
+from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import Runtime, TuneOptions, tune
 from servetune.workload import WorkloadSpec
 

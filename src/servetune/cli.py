@@ -90,9 +90,9 @@ def model_tiny(args: ModelTinyArgs) -> None:
 @command(app, BenchArgs)
 def bench(args: BenchArgs) -> None:
     """Drive load against a vLLM server (running, or launched with --launch) and report its metrics."""
-    from servetune.measure.benchrun import run_bench
     from servetune.engine import EngineFailed
     from servetune.interrupt import handle_signals
+    from servetune.measure.benchrun import run_bench
 
     handle_signals()
     try:
@@ -225,8 +225,8 @@ def report(args: ReportArgs) -> None:
 @command(app, MemoryArgs)
 def memory(args: MemoryArgs) -> None:
     """Predict, without launching, whether a config fits and how many KV-cache tokens it gets."""
-    from servetune.jsonio import jsonable
     from servetune.engine.memory import memory_report
+    from servetune.jsonio import jsonable
 
     kind = "cpu" if args.cpu_kvcache_space_gib is not None else "gpu"
     with one_line_errors():

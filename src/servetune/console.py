@@ -13,15 +13,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servetune.measure.benchrun import BenchHooks
 from servetune.engine.args import to_argv
-from servetune.trial.hooks import Hooks
-from servetune.study.outcome import headline_level
+from servetune.measure.benchrun import BenchHooks
 from servetune.measure.slo import LATENCIES, REQUESTS_PER_S, headline_latencies, latency
+from servetune.study.outcome import headline_level
+from servetune.trial.hooks import Hooks
 
 if TYPE_CHECKING:
-    from servetune.measure.benchrun import BenchRun
     from servetune.loadgen import RequestRecord
+    from servetune.measure.benchrun import BenchRun
     from servetune.measure.metrics import LevelMetrics
     from servetune.study.outcome import TrialOutcome
     from servetune.study.results import Summary

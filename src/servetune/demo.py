@@ -14,9 +14,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from servetune.measure.bench import measure_level
 from servetune.engine import Engine
 from servetune.loadgen import LoadShape, Target
+from servetune.measure.bench import measure_level
 from servetune.measure.metrics import itls_ms, ttft_ms
 from servetune.workload import build_requests, load_tokenizer, load_workload
 

@@ -15,8 +15,8 @@ from typer import Option
 from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable
 from servetune.knobs import optional_help
-from servetune.search.strategies import strategy_help
 from servetune.measure.slo import Objective
+from servetune.search.strategies import strategy_help
 
 if TYPE_CHECKING:
     from servetune.measure.benchrun import BenchOptions
@@ -157,8 +157,8 @@ class TuneArgs(_Args):
     def resolve(self) -> "TuneOptions":
         """Every option checked: the model directory, workload file, `key=value` SLOs and engine args, reference
         config files, strategy, objective, the time limit and the levels' request timeout."""
-        from servetune.search.strategies import REGISTRY
         from servetune.measure.slo import parse_slo
+        from servetune.search.strategies import REGISTRY
         from servetune.trial.run import LevelOptions
         from servetune.tuner.loop import TuneOptions
         from servetune.workload import load_workload

@@ -19,18 +19,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from servetune import __version__
-from servetune.measure.bench import LevelResult, default_request_timeout_s, measure_level
 from servetune.engine import Engine
 from servetune.errors import ServetuneError
 from servetune.jsonio import write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
+from servetune.measure.bench import LevelResult, default_request_timeout_s, measure_level
 from servetune.measure.metrics import summarize
+from servetune.measure.slo import Objective, latency, parse_slo
+from servetune.measure.verdict import LevelTest, SloTest
 from servetune.study.record import StudyMeta, TuneState
 from servetune.study.results import Summary
-from servetune.measure.slo import Objective, latency, parse_slo
-from servetune.trial.server import reset_prefix_cache
 from servetune.study.storage import tuner_of
-from servetune.measure.verdict import LevelTest, SloTest
+from servetune.trial.server import reset_prefix_cache
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 
 SEED_OFFSET = 200_000  # prompts apart from a tune's level sets (seed + 1000 k) and confirmation runs (+ 100_000 + k)

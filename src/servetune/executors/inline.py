@@ -5,8 +5,8 @@ from concurrent.futures import Future
 
 from servetune.engine import InstalledVllm, probe
 from servetune.executors._base import Job
-from servetune.trial.hooks import Hooks
 from servetune.study.outcome import TrialOutcome
+from servetune.trial.hooks import Hooks
 from servetune.trial.run import run_trial
 
 

@@ -14,11 +14,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from servetune import __version__
-from servetune.measure.bench import LevelResult, check_context, check_server, launch_model_len, measure_level
 from servetune.engine import Engine, EngineFailed, serve_command
 from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable, write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target
+from servetune.measure.bench import LevelResult, check_context, check_server, launch_model_len, measure_level
 from servetune.measure.metrics import LevelMetrics, summarize
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 

@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
-from servetune.study.results import Results, TrialRow
 from servetune.measure.slo import REQUESTS_PER_S, Latency, Objective, headline_latencies
+from servetune.study.results import Results, TrialRow
 
 DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,

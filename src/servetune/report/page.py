@@ -9,9 +9,9 @@ import jinja2
 import yaml
 
 from servetune.engine.args import to_argv
+from servetune.measure.slo import Objective, headline_latencies
 from servetune.report.charts import measured_at, value_label
 from servetune.study.results import Results, vllm_config_yaml
-from servetune.measure.slo import Objective, headline_latencies
 
 TEMPLATE = Path(__file__).with_name("report.html.j2").read_text()
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from servetune.study.outcome import TrialOutcome
-from servetune.measure.verdict import KEEP_UP_FRACTION
 from servetune.measure.slo import ITL, REQUESTS_PER_S
+from servetune.measure.verdict import KEEP_UP_FRACTION
+from servetune.study.outcome import TrialOutcome
 
 
 @dataclass(frozen=True)

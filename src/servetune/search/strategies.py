@@ -13,9 +13,9 @@ from optuna.trial import TrialState
 
 from servetune.engine.logfacts import FailureKind
 from servetune.knobs import KNOBS, first_rung
-from servetune.study.record import RecordedTrial, StudyRecord, TrialRecord, constraints_of, read_trial
-from servetune.search.space import SearchSpace
 from servetune.measure.slo import latency
+from servetune.search.space import SearchSpace
+from servetune.study.record import RecordedTrial, StudyRecord, TrialRecord, constraints_of, read_trial
 
 class Strategy(Protocol):
     """Makes the study's sampler and, for strategies that plan themselves, queues the next config."""

@@ -21,11 +21,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_serializer
 
-from servetune.errors import StudyError
 from servetune.engine.memory import Calibration
-from servetune.study.outcome import TrialOutcome
+from servetune.errors import StudyError
 from servetune.measure.slo import Objective
 from servetune.measure.verdict import SloTest
+from servetune.study.outcome import TrialOutcome
 
 RECORD_VERSION = 2  # 2: a trial's `interrupted` in the study's record (`StudyRecord.requeue`); the version kept
 

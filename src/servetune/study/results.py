@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
+from servetune.measure.slo import Objective, headline_latencies
 from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level
 from servetune.study.record import HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord, TuneState
-from servetune.measure.slo import Objective, headline_latencies
 from servetune.timelimit import duration
 from servetune.workload.fit import refused_beyond
 

@@ -22,8 +22,8 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from servetune.errors import StudyError
-from servetune.study.record import StudyMeta, StudyRecord
 from servetune.redact import redact, shown_url
+from servetune.study.record import StudyMeta, StudyRecord
 
 __all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_storage", "default_storage", "open_study",
            "requeue_interrupted", "sqlite_file", "storage_url", "study_exists", "trial_dir", "tuner_of"]

@@ -32,19 +32,19 @@ from typing import Any
 import numpy as np
 import optuna
 
-from servetune.measure.bench import LevelResult
 from servetune.engine import EngineFailed, InstalledVllm, LaunchFailure, StartupFacts
 from servetune.engine.logfacts import FailureKind
 from servetune.executors import Job
 from servetune.loadgen import LoadShape, RequestRecord
 from servetune.loadgen.arrival import ArrivalProcess, schedule_ns
 from servetune.loadgen.records import LoadResult
+from servetune.measure.bench import LevelResult
 from servetune.measure.metrics import summarize
 from servetune.study.outcome import Failure, TrialOutcome
 from servetune.study.results import Results, write_outputs
 from servetune.testing.installed import VLLM_CPU, VLLM_H200
-from servetune.trial.run import LevelOptions, TrialPlan, run_trial
 from servetune.trial.hooks import Hooks
+from servetune.trial.run import LevelOptions, TrialPlan, run_trial
 from servetune.tuner.loop import OUT_OF_TIME, Runtime, TuneOptions, tune
 from servetune.workload import RequestSpec, WorkloadSpec
 

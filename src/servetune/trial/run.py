@@ -24,15 +24,15 @@ from typing import Any
 
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
-from servetune.trial.hooks import Hooks
 from servetune.loadgen import LoadShape, RequestRecord
 from servetune.measure.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
-from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
-from servetune.search.objective import RateSearch
-from servetune.trial.server import Server, VllmServer
 from servetune.measure.slo import TPOT, TTFT, Objective
-from servetune.timelimit import Clock, LevelBudget, duration
 from servetune.measure.verdict import Decision, LevelTest, least_counted, level_verdict
+from servetune.search.objective import RateSearch
+from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
+from servetune.timelimit import Clock, LevelBudget, duration
+from servetune.trial.hooks import Hooks
+from servetune.trial.server import Server, VllmServer
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.trace import trace_rate
 

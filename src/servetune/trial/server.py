@@ -8,10 +8,10 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from servetune.measure.bench import LevelResult, measure_level
 from servetune.engine import Engine, StartupFacts
 from servetune.engine.logfacts import FailureKind
 from servetune.loadgen import LoadShape, RequestRecord, Target
+from servetune.measure.bench import LevelResult, measure_level
 from servetune.study.outcome import Failure
 from servetune.workload import RequestSpec
 

@@ -16,16 +16,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from servetune.tuner.dispatch import Dispatch
 from servetune.executors import Job
-from servetune.trial.hooks import Hooks
+from servetune.measure.slo import REQUESTS_PER_S, latency
+from servetune.measure.verdict import Decision
 from servetune.study.outcome import LevelOutcome, TrialOutcome
 from servetune.study.record import HeadToHead, HeadToHeadVerdict, LevelRecord
 from servetune.study.results import TrialRow
 from servetune.timelimit import LevelBudget
-from servetune.measure.slo import REQUESTS_PER_S, latency
+from servetune.trial.hooks import Hooks
 from servetune.trial.run import TrialPlan
-from servetune.measure.verdict import Decision
+from servetune.tuner.dispatch import Dispatch
 
 HEAD_TO_HEAD_SEED = 1_000  # arrival order of the head-to-head level, apart from the search's seeds
 

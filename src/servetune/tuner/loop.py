@@ -16,29 +16,29 @@ import optuna
 from optuna.trial import TrialState
 
 from servetune import __version__
-from servetune.tuner.confirm import (candidates_of, decide, deciding_level, failed_at_or_below, head_to_head_job,
-                               run_head_to_head)
 from servetune.engine import InstalledVllm
-from servetune.errors import ServetuneError
-from servetune.tuner.dispatch import Dispatch, Finished
-from servetune.executors import Executor, Job, make_executor
-from servetune.trial.hooks import Hooks
-from servetune.jsonio import check_writable
 from servetune.engine.memory import ModelShape
-from servetune.study.outcome import TrialOutcome
+from servetune.errors import ServetuneError
+from servetune.executors import Executor, Job, make_executor
+from servetune.jsonio import check_writable
+from servetune.measure.slo import Objective, latency
+from servetune.measure.verdict import Decision
 from servetune.report import publish
-from servetune.study.results import Results, Summary, TrialRow, beats, trial_row
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
-from servetune.measure.slo import Objective, latency
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
+from servetune.study.outcome import TrialOutcome
 from servetune.study.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, TuneState, read_trial,
-                              write_trial)
+                                    write_trial)
+from servetune.study.results import Results, Summary, TrialRow, beats, trial_row
 from servetune.study.storage import StudyLock, check_storage, default_storage, open_study, trial_dir
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
+from servetune.trial.hooks import Hooks
 from servetune.trial.run import DRAIN_GUESS_S, LevelOptions, Race, TrialPlan, least_requests, requests_per_s
-from servetune.measure.verdict import Decision
+from servetune.tuner.confirm import (candidates_of, decide, deciding_level, failed_at_or_below, head_to_head_job,
+                                     run_head_to_head)
+from servetune.tuner.dispatch import Dispatch, Finished
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
