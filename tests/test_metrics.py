@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from servetune.errors import ServetuneError
 from servetune.loadgen.records import LoadResult, RequestRecord
 from servetune.measure.metrics import (
     LATE_MS,
@@ -12,6 +13,7 @@ from servetune.measure.metrics import (
     schedule_lag_ms,
     summarize,
 )
+from servetune.measure.slo import GOODPUT_KEYS, good_request, parse_goodput
 
 MS = 1_000_000
 
@@ -116,11 +118,23 @@ def test_late_requests_and_a_lagging_client():
 
 def test_goodput_needs_every_slo(mixed):
     # good: #1 (ttft 100, tpot 25) and #4 (ttft 50, one token so tpot 0); #2 has ttft 200
-    assert summarize(mixed, {"ttft_ms": 150, "tpot_ms": 30}).request_goodput == 1.0
-    assert summarize(mixed, {"ttft_ms": 150, "tpot_ms": 20}).request_goodput == 0.5
-    assert summarize(mixed, {"e2el_ms": 240}).request_goodput == 1.5
-    with pytest.raises(ValueError, match="ttft"):
-        summarize(mixed, {"ttft": 100})
+    assert summarize(mixed, good_request({"ttft_ms": 150, "tpot_ms": 30})).request_goodput == 1.0
+    assert summarize(mixed, good_request({"ttft_ms": 150, "tpot_ms": 20})).request_goodput == 0.5
+    assert summarize(mixed, good_request({"e2el_ms": 240})).request_goodput == 1.5
+    assert summarize(mixed).request_goodput is None
+
+
+def test_goodputs_keys_are_the_slo_vocabularys():
+    """`servetune bench --goodput` takes vLLM's keys for the latencies slo.py names, and nothing else."""
+    assert GOODPUT_KEYS == ("ttft_ms", "tpot_ms", "e2el_ms")
+    assert parse_goodput({"ttft_ms": 500, "e2el_ms": 2000.0}) == {"ttft_ms": 500.0, "e2el_ms": 2000.0}
+    with pytest.raises(ServetuneError, match="unknown metric 'ttft'; use ttft_ms, tpot_ms, e2el_ms"):
+        parse_goodput({"ttft": 100})
+    with pytest.raises(ServetuneError, match="itl_ms"):
+        parse_goodput({"itl_ms": 100})
+    for bad in (0, -1, True, "fast"):
+        with pytest.raises(ServetuneError, match="is not a positive number of ms"):
+            parse_goodput({"tpot_ms": bad})
 
 
 def test_no_successful_request_gives_zeros():

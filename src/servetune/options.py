@@ -15,7 +15,7 @@ from typer import Option
 from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable
 from servetune.knobs import optional_help
-from servetune.measure.slo import Objective
+from servetune.measure.slo import GOODPUT_KEYS, Objective
 from servetune.search.strategies import strategy_help
 
 if TYPE_CHECKING:
@@ -61,7 +61,8 @@ class BenchArgs(_Args):
     endpoint: Annotated[Optional[str], Option(help="completions or chat")] = None
     seed: Annotated[Optional[int], Option()] = None
     warmup: Annotated[int, Option(min=0, help="Warm-up requests, not measured.")] = 0
-    goodput: Annotated[list[str], Option(help="Per-request SLO for goodput, e.g. ttft_ms=500.")] = []
+    goodput: Annotated[list[str], Option(
+        help=f"Per-request SLO for goodput ({', '.join(GOODPUT_KEYS)}), e.g. ttft_ms=500.")] = []
     max_failed_fraction: Annotated[float, Option(help="Exit 1 when more requests fail than this.")] = 0.05
     request_timeout: RequestTimeout = None
 
@@ -92,15 +93,11 @@ class BenchArgs(_Args):
         return spec
 
     def _goodput_slo(self) -> dict[str, float]:
-        from servetune.measure.metrics import GOODPUT_METRICS
+        from servetune.measure.slo import parse_goodput
 
-        slo = pairs(self.goodput, "--goodput")
-        for name, bound in slo.items():
-            if name not in GOODPUT_METRICS:
-                raise UsageError(f"--goodput: unknown metric {name!r}; use {', '.join(GOODPUT_METRICS)}")
-            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
-                raise UsageError(f"--goodput: {name}={bound} is not a positive number of ms")
-        return {k: float(v) for k, v in slo.items()}
+        goodput = pairs(self.goodput, "--goodput")
+        with about("--goodput"):
+            return parse_goodput(goodput)
 
 
 # the workload's fields the bench options set: (field, option)

@@ -9,6 +9,7 @@ from servetune.engine import scrape
 from servetune.errors import ServetuneError
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
 from servetune.measure.metrics import LevelMetrics, summarize
+from servetune.measure.slo import good_request
 from servetune.workload import RequestSpec
 
 
@@ -106,4 +107,4 @@ def measure_level(
     load = run_load_sync(target, requests, replace(shape, request_timeout_s=timeout_s), on_record, should_stop)
     after = _scrape(target.base_url)
     server = scrape.delta(before, after) if before is not None and after is not None else None
-    return LevelResult(load, summarize(load, goodput_slo), server)
+    return LevelResult(load, summarize(load, good_request(goodput_slo) if goodput_slo else None), server)

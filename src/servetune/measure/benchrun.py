@@ -20,6 +20,7 @@ from servetune.jsonio import check_writable, write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target
 from servetune.measure.bench import LevelResult, check_context, check_server, launch_model_len, measure_level
 from servetune.measure.metrics import LevelMetrics, summarize
+from servetune.measure.slo import good_request
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 
 
@@ -34,7 +35,7 @@ class BenchOptions:
     engine_args: dict[str, Any] = field(default_factory=dict)
     tokenizer: str | None = None  # None: the model's
     warmup: int = 0  # requests sent before the measured ones
-    goodput_slo: dict[str, float] = field(default_factory=dict)  # per-request bounds in ms (metrics.GOODPUT_METRICS)
+    goodput_slo: dict[str, float] = field(default_factory=dict)  # per-request bounds in ms (slo.GOODPUT_KEYS)
     request_timeout_s: float | None = None  # None: derived from the level's requests
 
     @property
@@ -196,7 +197,8 @@ def _save_finished(finished: list[RequestRecord], opts: BenchOptions, run: Bench
         return
     done = [r for r in load.records if r.ok and not r.warmup]
     records, records_problem = _save_records(load, opts.records_path)
-    stopped = run.model_copy(update={"metrics": summarize(load, opts.goodput_slo or None), "interrupted": True})
+    good = good_request(opts.goodput_slo) if opts.goodput_slo else None
+    stopped = run.model_copy(update={"metrics": summarize(load, good), "interrupted": True})
     results, results_problem = write_or_beside(opts.json_out, lambda where: write_json(where, stopped.to_json()),
                                                "the results")
     for problem in filter(None, (records_problem, results_problem)):

