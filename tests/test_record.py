@@ -11,8 +11,8 @@ from optuna.trial import TrialState
 import outcomes
 from servetune.errors import StudyError
 from servetune.measure.verdict import Decision, SloTest
-from servetune.study.record import (RECORD_VERSION, HeadToHead, LevelRecord, Progress, StudyMeta, StudyRecord,
-                                    TrialRecord, read_trial, write_trial)
+from servetune.study.record import (RECORD_VERSION, HeadToHead, LevelRecord, Progress, Reference, Role, StudyMeta,
+                                    StudyRecord, TrialRecord, read_trial, write_trial)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "servetune"
 META = StudyMeta(model="/m", workload={"num_requests": 10}, slo={"tpot_p99_ms": 25.0}, objective="goodput",
@@ -43,6 +43,22 @@ def test_a_trials_record_reads_back_as_written(tmp_path):
     assert t.outcome == out and t.record.constraints == [-1.5] and t.measured and t.objective_value == 2.0
     assert again.meta == META and again.stored_meta == META.stored()
     assert TrialRecord().role == "search" and TrialRecord().stored() == {}  # a trial TPE proposed: nothing written
+
+
+def test_a_trials_role_is_typed_and_stored_as_before(tmp_path):
+    """Roles read back as `Role`s, a --reference-config's as a `Reference`; the study keeps the same text as ever."""
+    study = sqlite_study(tmp_path)
+    record = StudyRecord(study)
+    record.enqueue({}, TrialRecord(role=Role.DEFAULT, planned={}))
+    record.enqueue({}, TrialRecord(role=Reference(1), planned={}, reference={"max_num_seqs": 8}))
+    for _ in range(2):
+        study.tell(study.ask(), 1.0)
+    assert [t.user_attrs["role"] for t in study.trials] == ["default", "reference-1"]
+    assert [t.record.role for t in StudyRecord(study).trials()] == [Role.DEFAULT, Reference(1)]
+    assert TrialRecord.read({"role": "reference-0"}).role == Reference(0) and str(Reference(0)) == "reference-0"
+    assert [str(TrialRecord.read({"role": r.value}).role) for r in Role] == [r.value for r in Role]
+    with pytest.raises(ValueError, match="role"):
+        TrialRecord.read({"role": "reference"})
 
 
 def test_the_studys_record_reads_back_as_written(tmp_path):

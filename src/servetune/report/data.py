@@ -61,7 +61,7 @@ def write_levels_csv(trial_rows: list[TrialRow], path: Path) -> None:
     for row in trial_rows:
         for index, level in enumerate(row.levels):
             entry: dict[str, Any] = {
-                "trial": row.trial, "role": row.role, "level": index, "name": str(level.name),
+                "trial": row.trial, "role": str(row.role), "level": index, "name": str(level.name),
                 "rate": level.rate, "verdict": str(level.verdict), "passed": level.passed,
                 "reasons": "; ".join(level.reasons), "stopped": level.stopped,
             }

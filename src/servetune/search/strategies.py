@@ -15,7 +15,7 @@ from servetune.engine.logfacts import FailureKind
 from servetune.knobs import KNOBS, first_rung
 from servetune.measure.slo import latency
 from servetune.search.space import SearchSpace
-from servetune.study.record import RecordedTrial, StudyRecord, TrialRecord, constraints_of, read_trial
+from servetune.study.record import RecordedTrial, Role, StudyRecord, TrialRecord, constraints_of, read_trial
 
 class Strategy(Protocol):
     """Makes the study's sampler and, for strategies that plan themselves, queues the next config."""
@@ -103,11 +103,11 @@ class OptunaStrategy:
             step = self.ladder.next(trials)
             if step is not None:
                 params, why = step
-                record.enqueue(params, TrialRecord(role="ladder", planned=params, why=why))
+                record.enqueue(params, TrialRecord(role=Role.LADDER, planned=params, why=why))
             return True
-        if not any(t.record.role == "anchor" for t in trials):
+        if not any(t.record.role == Role.ANCHOR for t in trials):
             anchor = self.anchor()
-            record.enqueue(anchor, TrialRecord(role="anchor", planned=anchor,
+            record.enqueue(anchor, TrialRecord(role=Role.ANCHOR, planned=anchor,
                                                why="the procedure's first rung (chunked prefill 512)"))
         return True
 
@@ -139,7 +139,7 @@ class ChunkLadder:
         return cls(base, chunks, start, seqs.choices if seqs is not None else ())
 
     def next(self, trials: list[RecordedTrial]) -> tuple[dict[str, Any], str] | None:
-        rungs = {t.record.planned.get("max_num_batched_tokens"): t for t in trials if t.record.role == "ladder"}
+        rungs = {t.record.planned.get("max_num_batched_tokens"): t for t in trials if t.record.role == Role.LADDER}
         if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in rungs.values()):
             return None  # a rung is queued or running: its result decides the next
         done = {chunk: value_of(t) for chunk, t in rungs.items()}
@@ -223,7 +223,7 @@ class SeedStrategy:
         return ladders
 
     def _history(self, study: optuna.Study) -> list[RecordedTrial]:
-        return [t for t in StudyRecord(study).trials() if t.record.role in ("default", "seed")]
+        return [t for t in StudyRecord(study).trials() if t.record.role in (Role.DEFAULT, Role.SEED)]
 
     def _next(self, study: optuna.Study) -> dict[str, Any] | None:
         history = self._history(study)
@@ -257,8 +257,9 @@ class SeedStrategy:
         step = self._next(study)
         if step is None:
             return False
-        StudyRecord(study).enqueue(step["params"], TrialRecord(role="seed", ladder=step["ladder"], planned=step["params"],
-                                                               why=f"the procedure: {step['ladder']} ladder"))
+        planned = TrialRecord(role=Role.SEED, ladder=step["ladder"], planned=step["params"],
+                              why=f"the procedure: {step['ladder']} ladder")
+        StudyRecord(study).enqueue(step["params"], planned)
         return True
 
 

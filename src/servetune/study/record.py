@@ -12,14 +12,16 @@ Versions (`RECORD_VERSION`, kept in the study): 1, written before the record was
 the study's record. Both read the same; a study written by a newer servetune is refused.
 """
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_serializer
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, PlainSerializer, PrivateAttr, ValidationError,
+                      field_validator, model_serializer)
 
 from servetune.engine.memory import Calibration
 from servetune.errors import StudyError
@@ -65,10 +67,40 @@ class _Stored(BaseModel):
         return self.model_dump(mode="python")
 
 
+class Role(StrEnum):
+    """Why a trial is in the study; a --reference-config's trial has a `Reference` instead."""
+
+    DEFAULT = "default"  # vLLM's defaults: the baseline
+    SEED = "seed"  # a step of the seed procedure's ladders
+    ANCHOR = "anchor"  # the warm start of the chunk ladder (under a latency SLO)
+    LADDER = "ladder"  # a rung of the chunk ladder
+    SEARCH = "search"  # proposed by the strategy's sampler
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The role of the `index`-th --reference-config's trial, stored as `reference-<index>`."""
+
+    index: int
+
+    def __str__(self) -> str:
+        return f"reference-{self.index}"
+
+
+def _role(value: Any) -> Any:
+    """A role as stored (text) read back: a `Role`, or a `Reference` for `reference-N`."""
+    if isinstance(value, str) and (m := re.fullmatch(r"reference-(\d+)", value)):
+        return Reference(int(m.group(1)))
+    return value
+
+
+TrialRole = Annotated[Role | Reference, BeforeValidator(_role), PlainSerializer(str, return_type=str)]
+
+
 class TrialRecord(_Stored):
     """A trial's record. A field left out was never written (a trial TPE proposed has no role, planned or why)."""
 
-    role: str = "search"  # default, reference-N, anchor, ladder, seed; TPE's own proposals: search
+    role: TrialRole = Role.SEARCH  # stored as text: default, reference-N, seed, anchor, ladder, search
     planned: dict[str, Any] | None = None  # the knob values a queued trial planned (`strategies.suggest`)
     why: str | None = None  # why it was proposed
     ladder: str | None = None  # the seed procedure's ladder it is a step of

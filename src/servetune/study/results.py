@@ -19,7 +19,8 @@ from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
 from servetune.measure.slo import Objective, headline_latencies
 from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level
-from servetune.study.record import HeadToHead, Progress, RecordedTrial, StudyMeta, StudyRecord, TuneState
+from servetune.study.record import (HeadToHead, Progress, RecordedTrial, Role, StudyMeta, StudyRecord, TrialRole,
+                                    TuneState)
 from servetune.timelimit import duration
 from servetune.workload.fit import refused_beyond
 
@@ -33,7 +34,7 @@ class TrialRow(_Frozen):
     `log_path` (a failed trial's server log) are what the report draws beside it, not columns."""
 
     trial: int
-    role: str
+    role: TrialRole
     status: TrialStatus
     config: dict[str, Any]  # as launched
     goodput_rate: float | None
@@ -91,7 +92,7 @@ class Unmeasured(_Frozen):
     """A trial that never ran a server: skipped (infeasible or a duplicate), interrupted, or still pending."""
 
     trial: int
-    role: str
+    role: TrialRole
     params: dict[str, Any]
     reason: str
 
@@ -175,7 +176,7 @@ def choose_best(rows: list[TrialRow], objective: Objective) -> tuple[TrialRow | 
     """(default, best, significant). The best must beat the default (`beats`); otherwise the default is
     recommended."""
     ok = [r for r in rows if r.ok]
-    default = next((r for r in ok if r.role == "default"), None)
+    default = next((r for r in ok if r.role == Role.DEFAULT), None)
     best = max(ok, key=lambda r: r.value or 0.0, default=None)
     if best is None or default is None or best is default:
         return default, best or default, False

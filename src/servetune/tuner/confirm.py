@@ -20,7 +20,7 @@ from servetune.executors import Job
 from servetune.measure.slo import REQUESTS_PER_S, latency
 from servetune.measure.verdict import Decision
 from servetune.study.outcome import LevelOutcome, TrialOutcome
-from servetune.study.record import HeadToHead, HeadToHeadVerdict, LevelRecord
+from servetune.study.record import HeadToHead, HeadToHeadVerdict, LevelRecord, Role
 from servetune.study.results import TrialRow
 from servetune.timelimit import LevelBudget
 from servetune.trial.hooks import Hooks
@@ -35,7 +35,7 @@ def candidates_of(rows: list[TrialRow], default: TrialRow | None,
     """Measured configs that beat the defaults in the search beyond resolution, best first."""
     if default is None:
         return []
-    ok = [r for r in rows if r.ok and r.role != "default" and r.value is not None and math.isfinite(r.value)
+    ok = [r for r in rows if r.ok and r.role != Role.DEFAULT and r.value is not None and math.isfinite(r.value)
           and significant(r, default)]
     return sorted(ok, key=lambda r: r.value, reverse=True)
 

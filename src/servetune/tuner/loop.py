@@ -29,8 +29,8 @@ from servetune.search.ruleout import prefill_speed, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
 from servetune.study.outcome import TrialOutcome
-from servetune.study.record import (Progress, RecordedTrial, StudyMeta, StudyRecord, TrialRecord, TuneState, read_trial,
-                                    write_trial)
+from servetune.study.record import (Progress, RecordedTrial, Reference, Role, StudyMeta, StudyRecord, TrialRecord,
+                                    TuneState, read_trial, write_trial)
 from servetune.study.results import Results, Summary, TrialRow, beats, trial_row
 from servetune.study.storage import StudyLock, check_storage, default_storage, open_study, trial_dir
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
@@ -231,11 +231,11 @@ class Proposer:
         if memory is not None and _launches(record):  # resumed: refit on the launches already made
             memory.observe(_launches(record))
         roles = {t.record.role for t in record.trials()}
-        if "default" not in roles:
-            record.enqueue({}, TrialRecord(role="default", planned={}))
+        if Role.DEFAULT not in roles:
+            record.enqueue({}, TrialRecord(role=Role.DEFAULT, planned={}))
         for i, reference in enumerate(opts.references):
-            if f"reference-{i}" not in roles:
-                record.enqueue({}, TrialRecord(role=f"reference-{i}", planned={}, reference=reference))
+            if Reference(i) not in roles:
+                record.enqueue({}, TrialRecord(role=Reference(i), planned={}, reference=reference))
         plan = TrialPlan(model=opts.model, workload=opts.workload, slo=opts.slo, objective=opts.objective,
                          level_sets=sets, levels=opts.levels)
         return cls(record=record, strategy=strategy, space=space, plan=plan, opts=opts, memory=memory, vllm=vllm,
@@ -253,7 +253,7 @@ class Proposer:
         trial = self.study.ask()
         asked = read_trial(trial)
         role, reference = asked.role, asked.reference
-        given = role == "default" or reference is not None  # measured as given: no constraint or memory choices
+        given = role == Role.DEFAULT or reference is not None  # measured as given: no constraint or memory choices
         if reference is not None:
             config = {**self.opts.engine_args, **reference}
         else:
@@ -271,7 +271,7 @@ class Proposer:
                          else self.space.model_len_reason(config)):
             write_trial(trial, model_len_reason=tightened)  # below the model's context: why
         if asked.why is None:
-            write_trial(trial, why="vLLM's defaults: the baseline" if role == "default"
+            write_trial(trial, why="vLLM's defaults: the baseline" if role == Role.DEFAULT
                         else "given with --reference-config" if reference is not None
                         else REGISTRY[self.opts.strategy].why)  # proposed by the strategy's sampler
         return Launch(job, trial)
@@ -374,7 +374,7 @@ class Tuner:
                 nxt = self.next_trial()
                 job = replace(held.job, plan=replace(held.job.plan, race=nxt.race), budget=clock.budget(
                     reserve_s=nxt.reserve_s, keep=nxt.keep, next_trial_s=clock.trial_s(nxt.first_level_s),
-                    after=left - 1, baseline=read_trial(held.trial).role == "default"))
+                    after=left - 1, baseline=read_trial(held.trial).role == Role.DEFAULT))
                 if running.submit(job, replace(held, job=job)):
                     skipped, held = 0, None
                     continue
@@ -449,7 +449,7 @@ class Tuner:
         if (confirmation := record.confirmation) is not None and confirmation.search_trials == trials:
             return
         rows = [trial_row(t, opts.slo) for t in measured]
-        default = next((r for r in rows if r.role == "default" and r.ok), None)
+        default = next((r for r in rows if r.role == Role.DEFAULT and r.ok), None)
         if default is None:
             return
         candidates = candidates_of(rows, default, lambda row, base: beats(row, base, Objective.GOODPUT))
@@ -525,7 +525,7 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     cost = Keep(low=0.0, high=math.inf, launch_s=clock.launch_s(), requests=least_requests(plan, 0.0, 0.0),
                 drain_s=drain)
     nxt = NextTrial(race, first, cost, per_s)
-    default = next((t for t in measured if t.record.role == "default"), None)
+    default = next((t for t in measured if t.record.role == Role.DEFAULT), None)
     if not confirm or plan.objective != Objective.GOODPUT or default is None:
         return nxt
     low = (default.outcome.goodput_bracket or (0.0, 0.0))[1] if default.outcome.goodput_rate else 0.0
