@@ -495,8 +495,8 @@ def launched(p: Probe) -> Iterator[int]:
 def bind_address(p: Probe) -> Probe:
     with launched(p) as port:
         p.facts["port"] = port
-        p.facts["listening"] = [line.split()[3] for line in subprocess.run(
-            ["ss", "-ltnH"], capture_output=True, text=True).stdout.splitlines() if line.split()[3].endswith(f":{port}")]
+        sockets = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout.splitlines()
+        p.facts["listening"] = [line.split()[3] for line in sockets if line.split()[3].endswith(f":{port}")]
     return p
 
 
@@ -524,6 +524,12 @@ def kill_engine_core(p: Probe) -> Probe:
     _, p.stderr = proc.communicate(timeout=300)
     p.code = proc.returncode
     return p
+
+
+def failed_kept(p: Probe) -> tuple[str, bool]:
+    result = read_json(p.tmp / "o.json")
+    return f"exit {p.code}, failed {result.get('failed')}, alive_at_end " \
+           f"{result.get('engine', {}).get('alive_at_end')}", p.code == 1 and result.get("failed", 0) > 0
 
 
 def real_server_too_long(p: Probe) -> Probe:
@@ -651,7 +657,8 @@ CASES = [
     Case("tune --model /no/such/dir", "exit 2 before the vLLM probe", early("--model"),
          lambda p: tune(p, model="/no/such/dir")),
     Case("bench Ctrl-C mid-run", "exit 130, finished requests in JSON (interrupted) and records",
-         interrupted(130, records=False), lambda p: bench(p, *AT_20_PER_S), stop=at_40_requests(signal.SIGINT), fake=FAKE),
+         interrupted(130, records=False), lambda p: bench(p, *AT_20_PER_S), stop=at_40_requests(signal.SIGINT),
+         fake=FAKE),
     # Bad input (issue 20): refused in one line, exit 2, before any request, launch or write.
     Case("trace timestamp nan", "exit 2, one line naming file:line, no request",
          refused("t.csv:3: timestamp 'nan' is not a finite number >= 0"), bench, fake=FAKE,
@@ -780,9 +787,7 @@ CASES = [
     Case("impossible KV cache (4 KiB)", "exit 1 naming the KV cache",
          lambda p: (f"exit {p.code}: `{p.last[:200]}`", p.code == 1 and "kv" in p.last.lower()),
          lambda p: launch(p, "--engine-arg", "kv-cache-memory-bytes=4096", prompts=4), needs_vllm=True),
-    Case("kill -9 of vLLM's engine core mid-run", "exit 1, failed requests kept, no server left",
-         lambda p: (f"exit {p.code}, failed {(r := read_json(p.tmp / 'o.json')).get('failed')}, alive_at_end "
-                    f"{r.get('engine', {}).get('alive_at_end')}", p.code == 1 and r.get("failed", 0) > 0),
+    Case("kill -9 of vLLM's engine core mid-run", "exit 1, failed requests kept, no server left", failed_kept,
          run=kill_engine_core, needs_vllm=True),
     Case("Ctrl-C of servetune mid-run", "exit 130, no server left", servers_gone(130), launch,
          stop=Stop(signal.SIGINT, serving), needs_vllm=True),
