@@ -442,7 +442,7 @@ def stand_in_tune(out: Path, rates: dict[int, float], interrupt_head_to_head: bo
     from test_study_lock import options
     from test_tune_stops import StandIn
 
-    from servetune.tune import tune as run_tune
+    from servetune.tuner import tune as run_tune
 
     try:
         run_tune(options(MODEL, out, None, **kw),
@@ -457,7 +457,7 @@ def tune_of_600_level_requests(p: Probe) -> None:
     from test_tune_stops import StandIn
 
     from servetune.options import TuneArgs
-    from servetune.tune import tune as run_tune
+    from servetune.tuner import tune as run_tune
 
     args = dict(model=str(MODEL), workload=CHAT, out=p.tmp / "out", slo=["tpot_p99_ms=50"], budget=1, confirm=False)
     run_tune(TuneArgs(**args).resolve(), executor=StandIn({0: 5.0}, p.tmp / "out"))
