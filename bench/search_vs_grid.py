@@ -2,14 +2,16 @@
 and each search arm's answer, its goodput as a fraction of the grid's best, and its time as a fraction of the grid's.
 
     python bench/search_vs_grid.py OUT > table.md
+    python bench/search_vs_grid.py OUT --picks NAME   # the configs to re-measure back to back (search_vs_grid.sh)
 
-An arm's goodput is its best trial's (the search's own measurement, `summary.json` `best`); the recommended one (after
-the head-to-head) is shown beside it. A goodput rate is the highest rate the rate search passed: its bracket (passed,
-failed) says how finely it was located.
+An arm's goodput is its recommended config's (after the head-to-head), as the arm measured it. The machine's speed
+drifts between arms measured tens of minutes apart, so each arm's pick is also read off the grid (the grid's goodput
+for the pick's max-num-batched-tokens and max-num-seqs, other knobs aside) and re-measured back to back with the
+grid's best (`recheck-*`, one-config tunes, when the run has them). A goodput rate is the highest rate the rate search passed: its bracket (passed, failed) says how finely
+it was located.
 """
 
 import csv
-import json
 import sys
 from pathlib import Path
 
@@ -24,16 +26,48 @@ def rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def main(out: Path) -> None:
-    times: dict[str, dict[str, tuple[float, int]]] = {}
+def share(value: float | None, whole: float | None) -> str:
+    return f"{value / whole:.0%}" if value and whole else "-"
+
+
+def load(out: Path) -> dict[str, dict[str, tuple[Summary, float]]]:
+    """Per workload, per arm: its summary and wall seconds (times.tsv)."""
+    runs: dict[str, dict[str, tuple[Summary, float]]] = {}
     with open(out / "times.tsv") as f:
-        for name, arm, seconds, rc in csv.reader(f, delimiter="\t"):
-            times.setdefault(name, {})[arm] = (float(seconds), int(rc))
-    for name, arms in times.items():
-        summaries = {arm: Summary.model_validate_json((out / name / arm / "summary.json").read_text()) for arm in arms}
+        for name, arm, seconds, _rc in csv.reader(f, delimiter="\t"):
+            summary = Summary.model_validate_json((out / name / arm / "summary.json").read_text())
+            runs.setdefault(name, {})[arm] = (summary, float(seconds))
+    return runs
+
+
+def goodput(summary: Summary) -> float:
+    return (summary.best.goodput_rate or 0.0) if summary.best else 0.0
+
+
+def recommended(summary: Summary) -> dict:
+    """The config an arm answers with: its recommendation, or a grid point's config."""
+    if summary.confirmation is None:
+        return summary.best.config if summary.best else summary.default.config
+    return next(b.config for b in summary.budget if b.trial == summary.confirmation.recommended_trial)
+
+
+def picks(arms: dict[str, tuple[Summary, float]]) -> dict[str, dict]:
+    """The grid's best config and each search arm's recommendation, each config once, the grid's first."""
+    best = max((arm for arm in arms if arm.startswith("grid-")), key=lambda arm: goodput(arms[arm][0]))
+    chosen = {best: recommended(arms[best][0])}
+    for arm, (summary, _) in arms.items():
+        if not arm.startswith(("grid-", "recheck-")) and recommended(summary) not in chosen.values():
+            chosen[arm] = recommended(summary)
+    return chosen
+
+
+def main(out: Path) -> None:
+    for name, arms in load(out).items():
+        summaries = {arm: summary for arm, (summary, _) in arms.items() if not arm.startswith("recheck-")}
+        times = {name: {arm: (seconds, 0) for arm, (_, seconds) in arms.items()}}
         grid = {arm: s for arm, s in summaries.items() if arm.startswith("grid-")}
         grid_s = sum(times[name][arm][0] for arm in grid)
-        best_arm = max(grid, key=lambda arm: grid[arm].best.goodput_rate or 0 if grid[arm].best else 0)
+        best_arm = max(grid, key=lambda arm: goodput(grid[arm]))
         grid_best = grid[best_arm].best.goodput_rate
         print(f"### {name}: {', '.join(f'{k} <= {v:g}' for k, v in next(iter(summaries.values())).slo.items())}\n")
         print("| grid config | goodput (req/s) | bracket | time |\n|---|---|---|---|")
@@ -45,20 +79,35 @@ def main(out: Path) -> None:
             print(f"| chunk {chunk}, max-num-seqs {seqs}{mark} | "
                   f"{rate(s.best.goodput_rate if s.best else None)} | {shown} | {times[name][arm][0] / 60:.1f} min |")
         print(f"\nGrid: {len(grid)} configs, {grid_s / 60:.1f} min, best {rate(grid_best)} req/s.\n")
-        print("| arm | state | launched | best goodput (req/s) | of grid's best | recommended (req/s) | time | of grid's "
-              "time | best config |\n|---|---|---|---|---|---|---|---|---|")
+        print("| arm | state | launched | recommended | its goodput (req/s) | of grid's best | the grid's goodput for "
+              "its chunk and max-num-seqs | of grid's best | time | of grid's time |\n|---|---|---|---|---|---|---|---|---|---|")
         for arm, s in summaries.items():
             if arm in grid:
                 continue
             seconds, _ = times[name][arm]
-            best = s.best.goodput_rate if s.best else None
-            share = f"{best / grid_best:.0%}" if best and grid_best else "-"
-            launched = sum(1 for b in s.budget if b.launched)
-            print(f"| {arm} | {s.state} | {launched} | {rate(best)} | {share} | "
-                  f"{rate(s.confirmation.recommended_goodput_rate)} | {seconds / 60:.1f} min | {seconds / grid_s:.0%} | "
-                  f"{flags(s.best.config) if s.best else '-'} |")
+            pick = recommended(s)
+            rate_ = s.confirmation.recommended_goodput_rate
+            point = grid.get(f"grid-{pick.get('max_num_batched_tokens')}-{pick.get('max_num_seqs')}")
+            on_grid = point.best.goodput_rate if point and point.best else None
+            print(f"| {arm} | {s.state} | {sum(1 for b in s.budget if b.launched)} | {flags(pick)} | {rate(rate_)} | "
+                  f"{share(rate_, grid_best)} | {rate(on_grid) if point else 'not in the grid'} | "
+                  f"{share(on_grid, grid_best)} | {seconds / 60:.1f} min | {seconds / grid_s:.0%} |")
+        rechecks = {arm.removeprefix("recheck-"): summary for arm, (summary, _) in arms.items()
+                    if arm.startswith("recheck-")}
+        if rechecks:
+            base = goodput(rechecks[best_arm])
+            print("\nRe-measured back to back (one-config tunes, in this order):\n\n| config of | goodput (req/s) | "
+                  "bracket | of the grid's best, re-measured |\n|---|---|---|---|")
+            for arm, summary in rechecks.items():
+                bracket = summary.best.goodput_bracket if summary.best else None
+                shown = f"[{bracket[0]:.2f}, {bracket[1]:.2f}]" if bracket else "-"
+                print(f"| {arm} | {rate(goodput(summary) or None)} | {shown} | {share(goodput(summary), base)} |")
         print()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[2:3] == ["--picks"]:
+        for arm, config in picks(load(Path(sys.argv[1]))[sys.argv[3]]).items():
+            print(arm, *(f"{k.replace('_', '-')}={str(v).lower()}" for k, v in config.items()), sep="\t")
+    else:
+        main(Path(sys.argv[1]))

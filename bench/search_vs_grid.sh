@@ -3,12 +3,15 @@
 #   1. a grid: every chunk size of CHUNKS x every max-num-seqs of SEQS, each a one-config tune (its knobs fixed with
 #      --engine-arg, --budget 1 --no-confirm) with the full rate search;
 #   2. the default strategy (optuna, its default budget, the head-to-head) with no time limit;
-#   3. the default strategy with a time limit of 30% of the grid's wall time.
+#   3. the default strategy with a time limit of 30% of the grid's wall time;
+# then, per workload, the grid's best config and each arm's recommendation re-measured back to back (one-config
+# tunes: the machine's speed drifts over the tens of minutes between the arms). `--recheck` runs only that stage.
 # Every arm uses the same level options (LEVEL_OPTS). Wall times go to $OUT/times.tsv; summarise with
 # `python bench/search_vs_grid.py $OUT`.
-# usage: bench/search_vs_grid.sh OUT NAME WORKLOAD SLO [NAME WORKLOAD SLO ...]
+# usage: bench/search_vs_grid.sh [--recheck] OUT NAME WORKLOAD SLO [NAME WORKLOAD SLO ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+recheck_only=; [ "$1" = --recheck ] && { recheck_only=1; shift; }
 out=$1; shift
 st=(.venv/bin/servetune tune --model "$PWD/.cache/tiny-llama")
 CHUNKS=${CHUNKS:-128 256 512 1024} SEQS=${SEQS:-16 128}
@@ -20,8 +23,18 @@ timed() {  # NAME ARM DIR CMD...: runs CMD, appends "name arm seconds rc" to tim
   "$@" --out "$dir" > "$dir.log" 2>&1; local rc=$?
   printf '%s\t%s\t%.1f\t%s\n' "$name" "$arm" "$(echo "$(date +%s.%N) - $t0" | bc)" "$rc" >> "$out/times.tsv"
 }
+recheck() {  # NAME WORKLOAD SLO
+  local arm args
+  .venv/bin/python bench/search_vs_grid.py "$out" --picks "$1" | while IFS=$'\t' read -r arm args; do
+    read -ra args <<< "$args"
+    timed "$1" "recheck-$arm" "$out/$1/recheck-$arm" "${st[@]}" --workload "$2" --slo "$3" "${LEVEL_OPTS[@]}" \
+      "${args[@]/#/--engine-arg=}" --budget 1 --no-confirm
+  done
+}
+workloads=("$@")
 while (($# >= 3)); do
   name=$1 workload=$2 slo=$3; shift 3
+  [ -n "$recheck_only" ] && continue
   mkdir -p "$out/$name"
   for c in $CHUNKS; do for s in $SEQS; do
     timed "$name" "grid-$c-$s" "$out/$name/grid-$c-$s" "${st[@]}" --workload "$workload" --slo "$slo" "${LEVEL_OPTS[@]}" \
@@ -32,3 +45,4 @@ while (($# >= 3)); do
   timed "$name" search-30pct "$out/$name/search-30pct" "${st[@]}" --workload "$workload" --slo "$slo" \
     "${LEVEL_OPTS[@]}" --time-limit "$((grid_s * 3 / 10))s"
 done
+for ((i = 0; i + 2 < ${#workloads[@]}; i += 3)); do recheck "${workloads[@]:i:3}"; done

@@ -28,10 +28,16 @@ def test_the_command_line_is_the_models_fields():
 
 def test_tune_options_from_the_models_values(tiny_model, tmp_path):
     args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path, slo=["tpot_p99_ms=25"],
-                    engine_arg=["max-num-seqs=8"], level_requests=300, time_limit="25m")
+                    engine_arg=["max-num-seqs=8"], level_requests=400, time_limit="25m")
     opts = args.resolve()
     assert opts.slo == {"tpot_p99_ms": 25.0} and opts.engine_args == {"max_num_seqs": 8}
-    assert opts.levels == LevelOptions(requests=300) and opts.time_limit_s == 1500 and opts.storage is None
+    assert opts.levels == LevelOptions(requests=400) and opts.time_limit_s == 1500 and opts.storage is None
+    # a TPOT p99 passes at 95% only on >= 299 requests after the fill: 300 could never pass, 304 is the least allowed
+    with pytest.raises(UsageError, match=r"--level-requests 300: no level could pass tpot_p99_ms: .* at least 299 "):
+        args.model_copy(update={"level_requests": 300}).resolve()
+    assert args.model_copy(update={"level_requests": 304}).resolve().levels.requests == 304
+    itl = args.model_copy(update={"slo": ["itl_p99_ms=25"], "level_requests": 100})  # ITL counts gaps, not requests
+    assert itl.resolve().levels.requests == 100
     with pytest.raises(UsageError, match="--time-limit: "):
         args.model_copy(update={"time_limit": "soon"}).resolve()
     with pytest.raises(UsageError, match="--strategy: unknown strategy 'annealing'; choose from optuna, grid, seed"):

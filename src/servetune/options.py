@@ -169,6 +169,7 @@ class TuneArgs(_Args):
         levels = LevelOptions(requests=self.level_requests, min_requests=self.min_level_requests,
                               max_levels=self.max_levels, confidence=self.confidence,
                               request_timeout_s=self.request_timeout)
+        self._check_level_requests(slos)
         with about("--reference-config"):
             references = [read_config_yaml(path) for path in self.reference_config]
         opts = TuneOptions(
@@ -181,6 +182,23 @@ class TuneArgs(_Args):
         check_timeout(opts.levels.request_timeout_s)
         self._check_study()
         return opts
+
+    def _check_level_requests(self, slos: dict[str, float]) -> None:
+        """A level of --level-requests can pass each request-level p99 SLO (TTFT, TPOT, E2EL): it needs
+        `verdict.least_counted` requests counted after it fills up, and a few more for the fill."""
+        from servetune.measure.slo import latency
+        from servetune.measure.verdict import least_counted
+        from servetune.trial.run import FILL_SPARE
+
+        per_request = [name for name in slos if latency(name).per_request is not None]
+        if not per_request:
+            return
+        counted = least_counted(dict.fromkeys(per_request, 0.0), self.confidence, self.min_level_requests, 1.0)
+        if self.level_requests < counted + FILL_SPARE:
+            raise UsageError(
+                f"--level-requests {self.level_requests}: no level could pass {', '.join(per_request)}: a p99 of "
+                f"requests passes at {self.confidence:.0%} only on at least {counted} requests counted after the "
+                f"level fills up, and filling it takes more; use at least {counted + 100} (the default is 600)")
 
     def _check_study(self) -> None:
         """--study readable as SQLAlchemy reads it (its password remembered, so that nothing prints it), and with
