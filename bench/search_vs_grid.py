@@ -26,6 +26,12 @@ def rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def bracket(summary: Summary) -> str:
+    """The best trial's goodput bracket (passed, failed), or "-"."""
+    found = summary.best.goodput_bracket if summary.best else None
+    return f"[{found[0]:.2f}, {found[1]:.2f}]" if found else "-"
+
+
 def share(value: float | None, whole: float | None) -> str:
     return f"{value / whole:.0%}" if value and whole else "-"
 
@@ -64,27 +70,24 @@ def picks(arms: dict[str, tuple[Summary, float]]) -> dict[str, dict]:
 def main(out: Path) -> None:
     for name, arms in load(out).items():
         summaries = {arm: summary for arm, (summary, _) in arms.items() if not arm.startswith("recheck-")}
-        times = {name: {arm: (seconds, 0) for arm, (_, seconds) in arms.items()}}
         grid = {arm: s for arm, s in summaries.items() if arm.startswith("grid-")}
-        grid_s = sum(times[name][arm][0] for arm in grid)
+        grid_s = sum(arms[arm][1] for arm in grid)
         best_arm = max(grid, key=lambda arm: goodput(grid[arm]))
         grid_best = grid[best_arm].best.goodput_rate
         print(f"### {name}: {', '.join(f'{k} <= {v:g}' for k, v in next(iter(summaries.values())).slo.items())}\n")
         print("| grid config | goodput (req/s) | bracket | time |\n|---|---|---|---|")
         for arm, s in grid.items():
-            bracket = s.best.goodput_bracket if s.best else None
-            shown = f"[{bracket[0]:.2f}, {bracket[1]:.2f}]" if bracket else "-"
             mark = " **(best)**" if arm == best_arm else ""
             chunk, seqs = arm.removeprefix("grid-").split("-")
             print(f"| chunk {chunk}, max-num-seqs {seqs}{mark} | "
-                  f"{rate(s.best.goodput_rate if s.best else None)} | {shown} | {times[name][arm][0] / 60:.1f} min |")
+                  f"{rate(s.best.goodput_rate if s.best else None)} | {bracket(s)} | {arms[arm][1] / 60:.1f} min |")
         print(f"\nGrid: {len(grid)} configs, {grid_s / 60:.1f} min, best {rate(grid_best)} req/s.\n")
         print("| arm | state | launched | recommended | its goodput (req/s) | of grid's best | the grid's goodput for "
               "its chunk and max-num-seqs | of grid's best | time | of grid's time |\n|---|---|---|---|---|---|---|---|---|---|")
         for arm, s in summaries.items():
             if arm in grid:
                 continue
-            seconds, _ = times[name][arm]
+            seconds = arms[arm][1]
             pick = recommended(s)
             rate_ = s.confirmation.recommended_goodput_rate
             point = grid.get(f"grid-{pick.get('max_num_batched_tokens')}-{pick.get('max_num_seqs')}")
@@ -99,9 +102,7 @@ def main(out: Path) -> None:
             print("\nRe-measured back to back (one-config tunes, in this order):\n\n| config of | goodput (req/s) | "
                   "bracket | of the grid's best, re-measured |\n|---|---|---|---|")
             for arm, summary in rechecks.items():
-                bracket = summary.best.goodput_bracket if summary.best else None
-                shown = f"[{bracket[0]:.2f}, {bracket[1]:.2f}]" if bracket else "-"
-                print(f"| {arm} | {rate(goodput(summary) or None)} | {shown} | {share(goodput(summary), base)} |")
+                print(f"| {arm} | {rate(goodput(summary) or None)} | {bracket(summary)} | {share(goodput(summary), base)} |")
         print()
 
 

@@ -13,6 +13,7 @@ from servetune.errors import ServetuneError
 from servetune.loadgen.records import RequestRecord
 from servetune.measure.metrics import LevelMetrics, e2el_ms, tpot_ms, ttft_ms
 
+
 class Objective(StrEnum):
     """What a study maximizes."""
 
