@@ -5,7 +5,8 @@ from typing import Any
 from servetune.measure.metrics import LevelMetrics
 from servetune.study.outcome import Failure, LevelOutcome, TrialOutcome
 
-_NONE = {"request_goodput", "max_concurrency", "steady_request_rate", "keep_up_ratio", "keep_up_se", "per_turn"}
+_NONE = {"request_goodput", "max_concurrency", "steady_request_rate", "keep_up_ratio", "keep_up_se", "per_turn",
+         "ttft_ms_per_prompt_token", "ttft_ms_per_prompt_token_se"}
 
 
 def level_metrics(**given: Any) -> LevelMetrics:

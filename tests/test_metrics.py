@@ -137,6 +137,20 @@ def test_goodputs_keys_are_the_slo_vocabularys():
             parse_goodput({"tpot_ms": bad})
 
 
+def test_ttft_slope_over_prompt_length_separates_prefill_from_the_fixed_part():
+    # TTFT = 20 ms (HTTP, scheduling: no growth with the prompt) + 0.05 ms per prompt token, +-1 ms alternating
+    prompts = [64 + 8 * i for i in range(25)]
+    s = summarize(level([rec(i, 10 * i, (10 * i + 20 + 0.05 * p + (-1) ** i,), tokens=1, prompt_tokens=p)
+                         for i, p in enumerate(prompts)]))
+    assert s.ttft_ms_per_prompt_token == pytest.approx(0.05, abs=0.003) and 0 < s.ttft_ms_per_prompt_token_se < 0.01
+    # TTFT / prompt would read 3x that cost (the fixed 20 ms counted as prefill)
+    assert s.mean_ttft_ms / (s.total_input_tokens / s.completed) > 3 * 0.05
+    # prompts all of one length, or fewer than 3 requests: no slope to measure
+    same = summarize(level([rec(i, 10 * i, (10 * i + 20 + i,), tokens=1, prompt_tokens=100) for i in range(5)]))
+    few = summarize(level([rec(i, 10 * i, (10 * i + 20,), tokens=1, prompt_tokens=100 + i) for i in range(2)]))
+    assert same.ttft_ms_per_prompt_token is None is few.ttft_ms_per_prompt_token is few.ttft_ms_per_prompt_token_se
+
+
 def test_no_successful_request_gives_zeros():
     s = summarize(level([rec(0, 0, (), 5, error="connect: refused")]))
     assert (s.completed, s.failed, s.mean_ttft_ms, s.p99_e2el_ms) == (0, 1, 0.0, 0.0)

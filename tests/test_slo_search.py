@@ -3,8 +3,9 @@ measured trials rule out (a prefill step longer than the p99 ITL SLO)."""
 
 import optuna
 import outcomes
+import pytest
 
-from servetune.search.ruleout import prefill_speed, ruled_out
+from servetune.search.ruleout import prefill_cost, ruled_out
 from servetune.search.strategies import make_strategy
 from servetune.study.record import read_trial, write_trial
 
@@ -66,36 +67,44 @@ def test_without_a_latency_slo_the_warm_start_is_the_single_anchor():
 
 
 def _outcome(levels, keep_up: float = 1.0):
-    """levels: (rate, completed, total input tokens, median TTFT ms), each keeping up as `keep_up` says."""
-    return outcomes.ok(levels=[outcomes.level("search", rate, completed=n, total_input_tokens=tokens,
-                                              median_ttft_ms=ttft, keep_up_ratio=keep_up)
-                               for rate, n, tokens, ttft in levels])
+    """levels: (rate, TTFT's slope over prompt length in ms per token, its standard error), each keeping up as
+    `keep_up` says."""
+    return outcomes.ok(levels=[outcomes.level("search", rate, completed=100, ttft_ms_per_prompt_token=slope,
+                                              ttft_ms_per_prompt_token_se=se, keep_up_ratio=keep_up)
+                               for rate, slope, se in levels])
 
 
-def test_prefill_speed_is_the_fastest_quiet_level_of_any_trial():
-    # trial 0: capacity level (inf) ignored; quietest finite level 2 req/s: 100 requests of 4000 tokens, 400 ms
-    # -> 10,000 tokens/s. trial 1: quietest 1 req/s, 2000-token prompts at 100 ms -> 20,000 tokens/s (fastest).
-    speed = prefill_speed([(0, _outcome([(float("inf"), 300, 1_200_000, 9000.0), (4.0, 100, 400_000, 900.0),
-                                         (2.0, 100, 400_000, 400.0)])),
-                           (1, _outcome([(1.0, 50, 100_000, 100.0)]))])
-    assert speed.trial == 1 and speed.rate == 1.0 and speed.tokens_per_s == 20_000
-    assert prefill_speed([(0, _outcome([(float("inf"), 10, 1000, 5.0)]))]) is None
-    # a level that fell behind its arrivals queued: its TTFT is not a prefill time
-    assert prefill_speed([(0, _outcome([(2.0, 100, 400_000, 400.0)], keep_up=0.8))]) is None
+def test_prefill_cost_is_the_least_lower_bound_of_any_trials_quiet_level():
+    # trial 0: the capacity level (inf) and the busier 4 req/s level are ignored; its quietest, 2 req/s: 0.1 +- 0.005
+    # -> at least 0.1 - 1.645 x 0.005 ~ 0.0918. trial 1: 0.09 +- 0.002 -> at least ~0.0867, the least.
+    cost = prefill_cost([(0, _outcome([(float("inf"), 0.01, 0.001), (4.0, 0.03, 0.001), (2.0, 0.1, 0.005)])),
+                         (1, _outcome([(1.0, 0.09, 0.002)]))])
+    assert (cost.trial, cost.rate, cost.slope) == (1, 1.0, 0.09) and cost.least_ms == pytest.approx(0.0867, abs=1e-4)
+    assert cost.step_ms(1000) == pytest.approx(86.7, abs=0.1)
+    # a noisy trial's bound below 0 wins: it rules nothing out
+    noisy = prefill_cost([(0, _outcome([(1.0, 0.09, 0.002)])), (1, _outcome([(1.0, 0.2, 0.2)]))])
+    assert noisy.trial == 1 and noisy.least_ms == 0.0 and noisy.step_ms(8000) == 0.0
+    assert prefill_cost([(0, _outcome([(float("inf"), 0.1, 0.001)]))]) is None
+    # no slope measured (prompts of one length), or a level that fell behind its arrivals (its TTFT queued)
+    assert prefill_cost([(0, _outcome([(2.0, None, None)]))]) is None
+    assert prefill_cost([(0, _outcome([(2.0, 0.1, 0.001)], keep_up=0.8))]) is None
 
 
 def test_a_prefill_step_longer_than_the_itl_slo_rules_a_config_out():
-    speed = prefill_speed([(0, _outcome([(1.0, 10, 40_000, 400.0)]))])  # 10,000 tokens/s
+    cost = prefill_cost([(0, _outcome([(1.0, 0.1, 0.0)]))])  # 0.1 ms per prompt token, exactly
     slo = {"itl_p99_ms": 50.0}
     whole = {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
     # a typical 4000-token prompt prefilled whole: 400 ms > 50 ms
-    assert "whole-prompt prefill step of ~4000 tokens takes ~400 ms" in ruled_out(whole, slo, speed, 4000)
-    assert "trial 0" in ruled_out(whole, slo, speed, 4000)
+    assert "whole-prompt prefill step of ~4000 tokens takes at least ~400 ms" in ruled_out(whole, slo, cost, 4000)
+    assert "trial 0" in ruled_out(whole, slo, cost, 4000)
     # chunks: 1024 tokens take ~102 ms (out), 256 take ~26 ms (in)
     assert "1024-token chunk" in ruled_out({"enable_chunked_prefill": True, "max_num_batched_tokens": 1024},
-                                           slo, speed, 4000)
-    assert ruled_out({"enable_chunked_prefill": True, "max_num_batched_tokens": 256}, slo, speed, 4000) is None
+                                           slo, cost, 4000)
+    assert ruled_out({"enable_chunked_prefill": True, "max_num_batched_tokens": 256}, slo, cost, 4000) is None
+    # the lower bound decides: 0.1 +- 0.04 is at least ~0.034 ms per token, 1024 tokens ~35 ms: not ruled out
+    unsure = prefill_cost([(0, _outcome([(1.0, 0.1, 0.04)]))])
+    assert ruled_out({"enable_chunked_prefill": True, "max_num_batched_tokens": 1024}, slo, unsure, 4000) is None
     # nothing is ruled out without an ITL SLO, without a measurement, or with vLLM's own chunk
-    assert ruled_out(whole, {"tpot_p99_ms": 50.0}, speed, 4000) is None
+    assert ruled_out(whole, {"tpot_p99_ms": 50.0}, cost, 4000) is None
     assert ruled_out(whole, slo, None, 4000) is None
-    assert ruled_out({"enable_chunked_prefill": True}, slo, speed, 4000) is None
+    assert ruled_out({"enable_chunked_prefill": True}, slo, cost, 4000) is None

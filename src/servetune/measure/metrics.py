@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from scipy import stats
 
 from servetune.loadgen.records import LoadResult, RequestRecord
 
@@ -97,6 +98,8 @@ class LevelMetrics(BaseModel):
     steady_request_rate: float | None
     keep_up_ratio: float | None
     keep_up_se: float | None
+    ttft_ms_per_prompt_token: float | None = None
+    ttft_ms_per_prompt_token_se: float | None = None
     per_turn: dict[str, TurnMetrics] | None = None
 
     @model_serializer(mode="wrap")
@@ -144,6 +147,16 @@ def schedule_lag_ms(r: RequestRecord) -> float:
     """Schedule lag [ms]: how late the client sent a request it was free to send, start − max(scheduled,
     slot_freed): the wait for a `max_concurrency` slot is not lag, the client's delay after the slot freed is."""
     return (r.start_ns - max(r.scheduled_ns, r.slot_freed_ns)) / _NS_PER_MS
+
+
+def ttft_slope(ok: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
+    """TTFT's least-squares slope over prompt length [ms per prompt token] and its standard error, or
+    (None, None) where it cannot be measured: fewer than 3 requests, or prompts all of one length."""
+    prompts = [input_tokens(r) for r in ok]
+    if len(ok) < 3 or min(prompts) == max(prompts):
+        return None, None
+    fit = stats.linregress(prompts, [ttft_ms(r) for r in ok])
+    return float(fit.slope), float(fit.stderr)
 
 
 def completion_rate(records: Sequence[RequestRecord]) -> float | None:
@@ -263,7 +276,7 @@ def summarize(
     `p99_schedule_lag_ms` (`schedule_lag_ms` of every sent timed request), `late_requests` (those more than
     LATE_MS late), `client_lagging` (p99 schedule lag above SCHEDULE_LAG_BOUND_MS: the level measured the
     client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`
-    (`keep_up`).
+    (`keep_up`), `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
     """
     timed = [r for r in result.records if not r.warmup]
     ok = [r for r in timed if r.ok]
@@ -276,6 +289,7 @@ def summarize(
     lags = [schedule_lag_ms(r) for r in timed]
     p99_lag = float(np.percentile(lags or [0.0], 99))
     steady = keep_up(result)
+    slope, slope_se = ttft_slope(ok)
     summary = {
         "duration": duration,
         "completed": len(ok),
@@ -305,6 +319,8 @@ def summarize(
         "steady_request_rate": steady.steady_request_rate,
         "keep_up_ratio": steady.ratio,
         "keep_up_se": steady.se,
+        "ttft_ms_per_prompt_token": slope,
+        "ttft_ms_per_prompt_token_se": slope_se,
         "per_turn": per_turn(result.records) or None,
     }
     return LevelMetrics(**summary)

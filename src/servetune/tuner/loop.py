@@ -25,7 +25,7 @@ from servetune.measure.slo import Objective, latency
 from servetune.measure.verdict import Decision
 from servetune.report import publish
 from servetune.search.feasibility import MemoryCheck
-from servetune.search.ruleout import prefill_speed, ruled_out
+from servetune.search.ruleout import prefill_cost, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
 from servetune.study.outcome import TrialOutcome
@@ -282,8 +282,8 @@ class Proposer:
         `config` is left as it is."""
         if reason := self.space.violation(config):
             return config, reason
-        speed = prefill_speed((t.number, t.outcome) for t in self.record.measured() if t.outcome.ok)
-        if reason := ruled_out(config, self.opts.slo, speed, self.typical_prompt):
+        cost = prefill_cost((t.number, t.outcome) for t in self.record.measured() if t.outcome.ok)
+        if reason := ruled_out(config, self.opts.slo, cost, self.typical_prompt):
             return config, reason
         if self.memory is None:
             return config, None
