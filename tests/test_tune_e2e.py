@@ -91,9 +91,10 @@ def test_tune_stopped_mid_trial_by_sigint_sigterm_or_sigkill_resumes_and_its_bes
     assert summary["state"] == "complete" and summary["trials"] == 2 and summary["default"]["trial"] == 0
     assert summary["default"]["goodput_rate"] > 0 and summary["best"]["goodput_rate"] > 0
     assert len((out / "trials.csv").read_text().splitlines()) == 3
-    for t in launched:  # the defaults measure their capacity first; the other config races at their rate
+    for t in launched:  # each measures its capacity first; then the other config races at the defaults' rate
         o = t.outcome.stored()
-        assert o["status"] == "ok" and o["levels"][0]["name"] == ("capacity" if t.record.role == "default" else "race")
+        assert o["status"] == "ok" and o["levels"][0]["name"] == "capacity"
+        assert t.record.role == "default" or o["levels"][1]["name"] == "race"
         assert (out / o["artifacts"] / o["levels"][0]["records"]).exists()
         decided = [lv for lv in o["levels"] if lv["verdict"] == "pass" and lv["name"] != "capacity"]
         assert all(lv["tests"][0]["counted"] >= 299 for lv in decided)  # a pass rests on enough

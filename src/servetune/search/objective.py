@@ -40,18 +40,22 @@ class RateSearch:
         if not ok and (self.failed is None or rate < self.failed):
             self.failed = rate
 
+    @property
+    def spent(self) -> bool:
+        """Whether `max_levels` rates were tried (those that failed by far not counted)."""
+        return len(self.tried) - sum(self.far) >= self.max_levels
+
     def next_rate(self) -> float | None:
         """The next rate to measure, or None when done."""
-        return self._next(self.max_levels, self.resolution)
+        return self._next(True, self.resolution)
 
     def refine(self) -> float | None:
         """The next rate past the search's own end, for a trial whose time no other trial would use: on past
         `max_levels`, down to REFINE_RESOLUTION; None when even that is reached."""
-        return self._next(None, min(self.resolution, REFINE_RESOLUTION))
+        return self._next(False, min(self.resolution, REFINE_RESOLUTION))
 
-    def _next(self, max_levels: int | None, resolution: float) -> float | None:
-        counted = len(self.tried) - sum(self.far)
-        if (max_levels is not None and counted >= max_levels) or not self.capacity > 0:
+    def _next(self, within_max_levels: bool, resolution: float) -> float | None:
+        if (within_max_levels and self.spent) or not self.capacity > 0:
             return None
         if self.passed is None:
             step = self.step_far if self.far and self.far[-1] else self.step_down

@@ -3,13 +3,13 @@
 Before the first level the running server is checked against the workload (`Server.preflight`): a config that
 would refuse or cut short part of the workload is not measured. A search trial measures its capacity (every
 request at once, held to CAPACITY_S once enough have finished), then the rate search (`RateSearch`). A candidate
-given a `race` (the best goodput rate measured so far) is measured there first, with the fail-early test: it
-loses in seconds, or passes and is measured next at the rate that would beat the best, and searched upward from
-there. A head-to-head trial measures fixed (rate, seed) levels. Each level at a finite rate sends until its
-verdict is final (`servetune.measure.verdict`); the trial's budget (`timelimit.LevelBudget`) sizes it, and a level
-that could not reach a verdict before the budget's end is not started. A trial that fails (OOM, bad config, a
-server that dies, a workload the config rejects) returns an outcome that says so; it never raises for the engine's
-sake.
+given a `race` (the best goodput rate measured so far) is measured there after its capacity level, with the
+fail-early test: it loses in seconds, or passes and is measured next at the rate that would beat the best, and
+searched upward from there. A head-to-head trial measures fixed (rate, seed) levels. Each level at a finite rate
+sends until its verdict is final (`servetune.measure.verdict`); the trial's budget (`timelimit.LevelBudget`) sizes
+it, and a level that could not reach a verdict before the budget's end is not started. A trial that fails (OOM,
+bad config, a server that dies, a workload the config rejects) returns an outcome that says so; it never raises
+for the engine's sake.
 """
 
 import math
@@ -271,13 +271,18 @@ class Levels:
         return self._search(search)
 
     def _race(self, race: Race, warmup: int) -> RateSearch | None:
-        """A candidate: first at the best rate measured so far; a pass there is measured next at the rate that would
-        beat it (a level the budget starts even where it would not let the trial sharpen a rate it holds), and only
-        a pass there is searched on upward, its capacity (measured then) the upper bound."""
-        first = self.run(LevelName.RACE, race.rate, warmup)
+        """A candidate: its capacity first (every request at once: every batch shape the race will see runs once,
+        so the race's fail-early test does not count a fresh server's first slow steps against the config), then the
+        best rate measured so far; a pass there is measured next at the rate that would beat it (a level the budget
+        starts even where it would not let the trial sharpen a rate it holds), and only a pass there is searched on
+        upward, to the capacity."""
+        self.run(LevelName.CAPACITY, math.inf, warmup)
+        if not self.capacity:
+            return None
+        first = self.run(LevelName.RACE, race.rate)
         if first is None:
             return None
-        search = RateSearch(race.rate, self.plan.levels.resolution, self.plan.levels.max_levels)
+        search = RateSearch(max(race.rate, self.capacity), self.plan.levels.resolution, self.plan.levels.max_levels)
         search.tell(race.rate, first.passed)
         if not first.passed:
             return search
@@ -288,10 +293,6 @@ class Levels:
             search.tell(race.beat, beat.passed, far=failed_far(beat))
             if not beat.passed:
                 return search  # a tie: between the two rates it cannot beat the config that holds the best
-        if search.next_rate() is None:  # `max_levels` reached: no search for the capacity to bound
-            return search
-        self.run(LevelName.CAPACITY, math.inf)
-        search.capacity = max(search.passed, self.capacity or 0.0)
         return self._search(search)
 
     def _search(self, search: RateSearch) -> RateSearch:

@@ -514,14 +514,14 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     incumbent = max((t for t in measured if t.outcome.goodput_rate), key=lambda t: t.outcome.goodput_rate,
                     default=None)
     drain = _drain_s(incumbent.outcome) if incumbent else DRAIN_GUESS_S
+    capacities = [lv.metrics.duration for t in measured for lv in t.outcome.levels if lv.name == "capacity"]
+    first = statistics.median(capacities) if capacities else GUESS_CAPACITY_S  # every trial's first level
     if incumbent is not None and plan.objective == Objective.GOODPUT:
         rate = incumbent.outcome.goodput_rate
         race = Race(rate, (incumbent.outcome.goodput_bracket or (rate, None))[1])
-        first = least_requests(plan, rate * per_s, drain) / (rate * per_s) + drain
+        first += least_requests(plan, rate * per_s, drain) / (rate * per_s) + drain
     else:
         race = None
-        capacities = [lv.metrics.duration for t in measured for lv in t.outcome.levels if lv.name == "capacity"]
-        first = statistics.median(capacities) if capacities else GUESS_CAPACITY_S
     cost = Keep(low=0.0, high=math.inf, launch_s=clock.launch_s(), requests=least_requests(plan, 0.0, 0.0),
                 drain_s=drain)
     nxt = NextTrial(race, first, cost, per_s)
