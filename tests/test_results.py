@@ -63,3 +63,11 @@ def test_a_study_made_before_statistical_verdicts_says_how_its_rate_was_decided(
 def test_summary_json_has_a_command_and_headroom_only_with_a_best_config():
     assert {"best_command", "headroom"} <= set(summary(best_command="vllm serve m").model_dump())
     assert not {"best_command", "headroom"} & set(summary(best=None, default=None).model_dump())
+
+
+def test_a_candidate_that_lost_its_race_says_so_after_its_capacity_level():
+    out = outcomes.ok(request_throughput=17.94, levels=[
+        outcomes.level("capacity", float("inf"), passed=False),
+        outcomes.level("race", 9.67, passed=False, reasons=["itl_p99_ms: 36 of 1347 gaps over 20 ms"])])
+    assert out.describe() == ("lost the race: fail at 9.67 req/s, the best rate measured before it "
+                              "(itl_p99_ms: 36 of 1347 gaps over 20 ms); capacity 17.94 req/s")

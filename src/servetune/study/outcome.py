@@ -119,13 +119,13 @@ class TrialOutcome(_Frozen):
         unit = self.rate_unit
         capacity = (f"capacity {self.request_throughput:.2f} req/s" if self.request_throughput
                     else "capacity not measured")
-        first = self.levels[0] if self.levels else None
+        race = next((lv for lv in self.levels if lv.name == LevelName.RACE), None)
         if self.goodput_rate:
             low, high = self.goodput_bracket
             text = f"goodput rate {low:.2f} {unit} (not passed at {high:.2f}); {capacity}"
-        elif first is not None and first.name == LevelName.RACE:
-            text = (f"lost the race: {first.verdict} at {first.rate:.2f} {unit}, the best rate measured before it"
-                    + (f" ({first.reasons[0]})" if first.reasons else ""))
+        elif race is not None:
+            text = (f"lost the race: {race.verdict} at {race.rate:.2f} {unit}, the best rate measured before it"
+                    + (f" ({race.reasons[0]})" if race.reasons else "") + f"; {capacity}")
         elif self.goodput_bracket is not None:
             text = f"held no rate down to {self.goodput_bracket[1]:.2f} {unit}; {capacity}"
         elif self.request_throughput:
