@@ -271,8 +271,8 @@ class Levels:
         return self._search(search)
 
     def _race(self, race: Race, warmup: int) -> RateSearch | None:
-        """A candidate: its capacity first (every request at once: every batch shape the race will see runs once,
-        so the race's fail-early test does not count a fresh server's first slow steps against the config), then the
+        """A candidate: its capacity first (every request at once: every batch shape the race will see runs once
+        before the race's fail-early test looks, as for the defaults and every searched trial), then the
         best rate measured so far; a pass there is measured next at the rate that would beat it (a level the budget
         starts even where it would not let the trial sharpen a rate it holds), and only a pass there is searched on
         upward, to the capacity."""
