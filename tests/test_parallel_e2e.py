@@ -55,13 +55,14 @@ def run(args: list[str]) -> None:
 
 
 def form(out: Path, storage: str) -> dict:
-    """What a study and its outputs look like, without the numbers: files, columns, keys, roles."""
+    """What a study and its outputs look like, without the numbers: files, columns, keys, roles. The charts are left
+    out: whether one is drawn depends on what was measured (no goodput chart when no trial held a rate)."""
     study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
     kept = [t for t in StudyRecord(study).trials() if t.state != TrialState.FAIL]
     outcomes = [t.record.outcome.stored() for t in kept]
     files = {re.sub(r"\d\d", "NN", p.name) for o in outcomes for p in (out / o["artifacts"]).iterdir()}
     return {
-        "outputs": sorted(p.name for p in out.iterdir() if p.name != "study.db"),
+        "outputs": sorted(p.name for p in out.iterdir() if p.name != "study.db" and p.suffix != ".png"),
         "trial_files": sorted(files),
         "trials_csv": (out / "trials.csv").read_text().splitlines()[0],
         "summary": sorted(json.loads((out / "summary.json").read_text())),
