@@ -129,15 +129,60 @@ def test_an_undecided_level_at_its_end_stays_undecided():
 def test_itl_bounds_count_a_requests_gaps_together():
     # 300 requests of 30 gaps; 3 requests have every gap slow (90 of 9,000 gaps, exactly 1%): as independent
     # gaps the binomial bound is tight, but they come from 3 requests, and the cluster-robust bound says so
-    gaps = [[5.0] * 30 for _ in range(297)] + [[50.0] * 30 for _ in range(3)]
-    over, counted, low, high = itl_bounds(gaps, 30.0, 0.95)
+    records = [record(i, gaps_ms=[50.0 if i in (50, 150, 250) else 5.0] * 30) for i in range(300)]
+    over, counted, low, high = itl_bounds(records, 30.0, 0.95)
     assert (over, counted) == (90, 9000)
     binomial_low, binomial_high = clopper_pearson(90, 9000, 0.95)
     assert high > binomial_high + 0.005 and low < binomial_low
     # the same 1% spread over 90 requests (one slow gap each) is close to independent gaps
-    spread = [[5.0] * 29 + [50.0] for _ in range(90)] + [[5.0] * 30 for _ in range(210)]
-    _, _, _, spread_high = itl_bounds(spread, 30.0, 0.95)
-    assert spread_high < high
+    spread = [record(i, gaps_ms=[5.0] * 29 + [50.0 if i % 10 < 3 else 5.0]) for i in range(300)]
+    assert itl_bounds(spread, 30.0, 0.95)[:2] == (90, 9000) and itl_bounds(spread, 30.0, 0.95)[3] < high
+
+
+def stepped(requests: int, every_ms: int, tokens: int, slow: tuple[float, float] = (0.0, 0.0),
+            slow_every: int = 0) -> list[RequestRecord]:
+    """Requests sent `every_ms` apart to an engine whose steps take 20 ms and give each running request a token; the
+    steps that start within `slow` (seconds) take 60 ms, and so does every `slow_every`-th step."""
+    ends, t = [], 0
+    while t < (requests * every_ms + tokens * 70) * MS:
+        slow_step = slow[0] * 1e9 <= t < slow[1] * 1e9 or (slow_every and len(ends) % slow_every == 0)
+        t += (60 if slow_step else 20) * MS
+        ends.append(t)
+    ends = np.array(ends)
+    out = []
+    for i in range(requests):
+        start = i * every_ms * MS
+        chunks = ends[np.searchsorted(ends, start + 10 * MS):][:tokens].tolist()
+        out.append(RequestRecord(index=i, prompt_len=10, expected_output_len=tokens, warmup=False, scheduled_ns=start,
+                                 start_ns=start, chunk_ns=chunks, end_ns=chunks[-1], output_tokens=tokens))
+    return out
+
+
+def level(records: list[RequestRecord]) -> LevelTest:
+    """A level's test of p99 ITL <= 40 ms fed these records as they finish."""
+    test = LevelTest({"itl_p99_ms": 40.0}, first=40, cap=len(records))
+    for r in sorted(records, key=lambda r: r.end_ns):
+        if test.add(r) != Decision.UNDECIDED:
+            return test
+    test.finish()
+    return test
+
+
+def test_a_burst_of_slow_steps_stalls_every_running_request_at_once_and_does_not_fail_a_level_by_itself():
+    # 10 req/s of 50-token replies (~10 running at once) for 40 s; 0.6 s of slow steps in the level's first seconds puts
+    # a gap over the bound in every request running through it: 0.7% of the level's gaps, 4% of its first 60 requests'
+    burst = stepped(400, 100, 50, slow=(4.0, 4.6))
+    over, counted, _, _ = itl_bounds(burst, 40.0, 0.95)
+    assert 0.005 < over / counted < 0.01
+    over, counted, _, _ = itl_bounds(burst[:60], 40.0, 0.95)
+    assert over / counted > 0.03  # clustered by request alone (before), the level failed at its 31st request
+    test = level(burst)
+    assert test.decision == Decision.UNDECIDED and test.tests["itl_p99_ms"].high > 0.01  # one episode in 40 s: no p99
+    # a slow step in every 25 (4% of gaps, all through the level) fails it, within seconds of its first look
+    steady = level(stepped(400, 100, 50, slow_every=25))
+    assert steady.decision == Decision.FAIL and steady.requests < 150
+    # and so does a level where every step is slow, sooner
+    assert level(stepped(400, 100, 50, slow=(0.0, 100.0))).requests < 20
 
 
 def test_an_itl_slo_passes_only_when_enough_gaps_are_clear_and_fails_on_a_stall_pattern():

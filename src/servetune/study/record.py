@@ -238,7 +238,7 @@ class Progress(_Stored):
     not_done: list[str] = []
     time_limit_s: float | None = None
     elapsed_s: float | None = None
-    next_trial_s: float | None = None  # the least another trial needed when the tune last planned one
+    next_trial_s: float | None = None  # the least another trial needed, where the time limit left trials unlaunched
     more_s: float | None = None  # what the time limit left undone needed: cut levels, trials not launched
 
 

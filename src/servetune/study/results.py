@@ -220,7 +220,8 @@ class TimeSpent(_Frozen):
     head_to_head_s: float
     other_s: float
     unused_s: float | None  # None: no time limit
-    next_trial_s: float | None = None  # the least another trial needed at the end (a launch, a deciding level)
+    next_trial_s: float | None = None  # the least another trial needed (a launch, a deciding level); None unless the
+    # time limit left trials of the budget unlaunched
     more_s: float | None = None  # what the time limit left undone needed (its cut levels, trials not launched)
 
     def __str__(self) -> str:

@@ -318,7 +318,9 @@ class Tuner:
         """Record the tune's state in the study, read its results once and write every output from them;
         returns the summary."""
         record, opts = self.proposer.record, self.proposer.opts
-        next_trial_s = round(self.clock.trial_s(self.next_trial().first_level_s), 1) if opts.time_limit_s else None
+        # the least another trial needed, where the time limit left trials of the budget unlaunched
+        next_trial_s = (round(self.clock.trial_s(self.next_trial().first_level_s), 1)
+                        if opts.time_limit_s and self.unlaunched else None)
         more_s = sum(t.outcome.needed_s or 0.0 for t in record.measured()) + self.unlaunched * (next_trial_s or 0.0)
         record.write_progress(Progress(state=state, not_done=self.not_done, time_limit_s=opts.time_limit_s,
                                        elapsed_s=round(self.clock.elapsed(), 1), next_trial_s=next_trial_s,
