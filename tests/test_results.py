@@ -71,3 +71,8 @@ def test_a_candidate_that_lost_its_race_says_so_after_its_capacity_level():
         outcomes.level("race", 9.67, passed=False, reasons=["itl_p99_ms: 36 of 1347 gaps over 20 ms"])])
     assert out.describe() == ("lost the race: fail at 9.67 req/s, the best rate measured before it "
                               "(itl_p99_ms: 36 of 1347 gaps over 20 ms); capacity 17.94 req/s")
+    # a race run twice (its first ended early on a narrow fail) is told by its last, and says so
+    twice = out.model_copy(update={"levels": [*out.levels, outcomes.level(
+        "race", 9.67, passed=False, reasons=["itl_p99_ms: 40 of 1400 gaps over 20 ms"])]})
+    assert twice.describe() == ("lost the race: fail at 9.67 req/s, the best rate measured before it, run 2 times "
+                                "(itl_p99_ms: 40 of 1400 gaps over 20 ms); capacity 17.94 req/s")

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from servetune.measure.verdict import Decision
 from servetune.timelimit import LevelBudget
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelName, LevelOptions, Levels, Race, TrialPlan
@@ -73,3 +74,30 @@ def test_a_candidate_that_passes_its_race_is_searched_upward(beat):
     plan.race = Race(9.0, beat)
     lost = _Holds(plan, SimpleNamespace(alive=lambda: True), None, None, time, Hooks())
     assert lost.measure().goodput_rate is None and [lv.name for lv in lost.levels] == ["capacity", "race"]
+
+
+class _Burst(_Holds):
+    """`_Holds`, but the race's first `bursts` levels end early on a narrow fail (a burst of slow steps)."""
+
+    bursts = 1
+
+    def run(self, name, rate, warmup=0, seed=None, decisive=False):
+        level = super().run(name, rate, warmup, seed, decisive)
+        if name == LevelName.RACE and sum(lv.name == LevelName.RACE for lv in self.levels) <= self.bursts:
+            level.passed, level.verdict, level.stopped = False, Decision.FAIL, "decided"
+            level.tests = [SimpleNamespace(low=0.02)]  # 2% over at least: not by far
+        return level
+
+
+@pytest.mark.parametrize("bursts", [1, 2])
+def test_a_race_failed_early_and_narrowly_is_run_once_more(bursts):
+    levels = SimpleNamespace(resolution=0.05, max_levels=6, warmup_requests=0)
+    plan = SimpleNamespace(race=Race(5.0), levels=levels, fixed_levels=(), objective="goodput")
+    trial = _Burst(plan, SimpleNamespace(alive=lambda: True), None, None, time, Hooks())
+    trial.bursts = bursts
+    search = trial.measure()
+    assert [lv.name for lv in trial.levels][:3] == ["capacity", "race", "race"]
+    if bursts == 1:  # the burst was one: the candidate is searched as if its race had passed at once
+        assert 7.5 < search.goodput_rate <= 8.0
+    else:  # twice: dropped, after the two
+        assert search.goodput_rate is None and len(trial.levels) == 3

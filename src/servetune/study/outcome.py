@@ -119,12 +119,14 @@ class TrialOutcome(_Frozen):
         unit = self.rate_unit
         capacity = (f"capacity {self.request_throughput:.2f} req/s" if self.request_throughput
                     else "capacity not measured")
-        race = next((lv for lv in self.levels if lv.name == LevelName.RACE), None)
+        races = [lv for lv in self.levels if lv.name == LevelName.RACE]  # run twice after an early narrow fail
+        race = races[-1] if races else None
         if self.goodput_rate:
             low, high = self.goodput_bracket
             text = f"goodput rate {low:.2f} {unit} (not passed at {high:.2f}); {capacity}"
         elif race is not None:
             text = (f"lost the race: {race.verdict} at {race.rate:.2f} {unit}, the best rate measured before it"
+                    + (f", run {len(races)} times" if len(races) > 1 else "")
                     + (f" ({race.reasons[0]})" if race.reasons else "") + f"; {capacity}")
         elif self.goodput_bracket is not None:
             text = f"held no rate down to {self.goodput_bracket[1]:.2f} {unit}; {capacity}"
