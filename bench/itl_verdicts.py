@@ -17,7 +17,6 @@ import math
 from pathlib import Path
 from unittest import mock
 
-import httpx
 import numpy as np
 import yaml
 
@@ -26,6 +25,7 @@ from servetune.loadgen import LoadResult, LoadShape, Target
 from servetune.measure import verdict
 from servetune.measure.bench import measure_level
 from servetune.measure.metrics import itls_ms
+from servetune.trial.server import reset_prefix_cache
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
 
@@ -38,7 +38,7 @@ def collect(args: argparse.Namespace) -> None:
         rates = [math.inf] + [f for _ in range(args.reps) for f in args.fractions]
         for k, rate in enumerate(rates):
             rate = rate if capacity is None else round(rate * capacity, 2)
-            httpx.post(engine.base_url + "/reset_prefix_cache", timeout=30)
+            reset_prefix_cache(engine.base_url)
             warmup = 8 if k == 0 else 0
             requests = build_requests(workload, tokenizer, seed=1000 + k, count=args.requests + warmup)
             level = measure_level(target, requests, LoadShape(request_rate=rate, warmup_requests=warmup, seed=k))

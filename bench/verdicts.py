@@ -25,7 +25,6 @@ import math
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import optuna
 
@@ -34,6 +33,7 @@ from servetune.loadgen import LoadShape, Target
 from servetune.measure.bench import measure_level
 from servetune.measure.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
 from servetune.measure.verdict import fell_behind
+from servetune.trial.server import reset_prefix_cache
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
 try:  # the pooled p99's bootstrap interval, reported beside it (it decides nothing)
@@ -107,10 +107,7 @@ def measure_rate(target: Target, workload: WorkloadSpec, tokenizer, rate: float,
     for k in range(args.runs):
         requests = build_requests(workload, tokenizer, seed=first_seed + k, count=args.requests + warmup)
         for attempt in range(2):
-            try:  # as the search does before a level
-                httpx.post(target.base_url + "/reset_prefix_cache", timeout=30)
-            except httpx.HTTPError:
-                pass
+            reset_prefix_cache(target.base_url)  # as the search does before a level
             run = measure_level(target, requests, LoadShape(request_rate=rate, burstiness=workload.burstiness,
                                                             max_concurrency=workload.max_concurrency,
                                                             warmup_requests=warmup, seed=k))
