@@ -63,6 +63,36 @@ def _start_expecting_failure(engine: Engine) -> EngineFailed:
     pytest.fail("the server started")
 
 
+STATUS_SERVER = textwrap.dedent("""
+    import http.server, sys
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(int(sys.argv[1]))
+            self.end_headers()
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+""")
+
+
+@pytest.mark.parametrize("status", [200, 503])
+def test_a_running_server_is_alive_only_while_its_health_says_so(tiny_model, tmp_path, status):
+    """vLLM's API server outlives a dead engine core for a while, answering /health with 503 (a bench whose engine
+    core was killed once ended with its server "alive"): a process that runs is alive only if /health says 200."""
+    engine = Engine(str(tiny_model), {}, tmp_path / "server.log")
+    engine.proc = subprocess.Popen([sys.executable, "-c", STATUS_SERVER, str(status)], stdout=subprocess.PIPE,
+                                   text=True)
+    try:
+        engine.port = int(engine.proc.stdout.readline())
+        assert engine.alive() is (status == 200)
+        engine.proc.kill()
+        engine.proc.wait()
+        assert not engine.alive()
+    finally:
+        engine.proc.kill()
+        engine.proc = None
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_server_never_outlives_servetune(tiny_model, tmp_path, sig):
     """Kill the launching process while vLLM starts: its whole process group goes too. The script takes SIGINT as

@@ -235,8 +235,15 @@ class Engine:
         return LaunchFailure(FailureKind.TIMEOUT, f"not ready after {self.startup_timeout_s:.0f} s",
                              str(self.log_path))
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def alive(self, timeout_s: float = 10.0) -> bool:
+        """The server runs and answers /health: vLLM's API server outlives a dead engine core for a while,
+        answering 503 until it exits."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            return httpx.get(self.base_url + "/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
