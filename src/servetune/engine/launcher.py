@@ -220,26 +220,24 @@ class Engine:
         _LIVE.add(self)
 
     def _wait_ready(self, started: float) -> LaunchFailure | None:
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() - started < self.startup_timeout_s:
-                if self.proc.poll() is not None:
-                    time.sleep(0.5)  # let the last lines reach the log
-                    kind, reason = classify_failure(self.log_text())
-                    return LaunchFailure(kind, reason, str(self.log_path))
-                try:
-                    if client.get(self.base_url + "/health").status_code == 200:
-                        return None
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+        while time.monotonic() - started < self.startup_timeout_s:
+            if self.proc.poll() is not None:
+                time.sleep(0.5)  # let the last lines reach the log
+                kind, reason = classify_failure(self.log_text())
+                return LaunchFailure(kind, reason, str(self.log_path))
+            if self._healthy(timeout_s=2.0):
+                return None
+            time.sleep(0.5)
         return LaunchFailure(FailureKind.TIMEOUT, f"not ready after {self.startup_timeout_s:.0f} s",
                              str(self.log_path))
 
-    def alive(self, timeout_s: float = 10.0) -> bool:
+    def alive(self) -> bool:
         """The server runs and answers /health: vLLM's API server outlives a dead engine core for a while,
         answering 503 until it exits."""
-        if self.proc is None or self.proc.poll() is not None:
-            return False
+        return self.proc is not None and self.proc.poll() is None and self._healthy(timeout_s=10.0)
+
+    def _healthy(self, timeout_s: float) -> bool:
+        """/health answers 200."""
         try:
             return httpx.get(self.base_url + "/health", timeout=timeout_s).status_code == 200
         except httpx.HTTPError:
