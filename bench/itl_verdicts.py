@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 
 from servetune.engine import Engine
-from servetune.loadgen import LoadResult, LoadShape, Target
+from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target
 from servetune.measure import verdict
 from servetune.measure.bench import measure_level
 from servetune.measure.metrics import itls_ms
@@ -47,9 +47,9 @@ def collect(args: argparse.Namespace) -> None:
             print(f"level {k} at {rate} req/s: p99 ITL {level.metrics.p99_itl_ms:.1f} ms", flush=True)
 
 
-def decide(path: Path, bound_ms: float) -> tuple[str, int]:
-    """The level's decision (with the second a fail stopped it) and the requests it counted."""
-    records = [r for r in LoadResult.load(path).records if not r.warmup]
+def decide(records: list[RequestRecord], bound_ms: float) -> tuple[str, int]:
+    """The level's decision on its measured `records` (with the second a fail stopped it) and the requests it
+    counted."""
     test = verdict.LevelTest({"itl_p99_ms": bound_ms}, first=min(40, len(records)), cap=len(records),
                              first_index=min(r.index for r in records))
     t0 = min(r.scheduled_ns for r in records)
@@ -63,13 +63,14 @@ def replay(args: argparse.Namespace) -> None:
     by_request = functools.partial(verdict.itl_bounds, by_window=False)
     print("| level | gaps over | pass side by request | two-way (now) |\n|---|---|---|---|")
     for path in sorted(p for d in args.dirs for p in d.rglob("*.records.jsonl")):
-        records = [r for r in LoadResult.load(path).records if r.ok and not r.warmup]
+        measured = [r for r in LoadResult.load(path).records if not r.warmup]
+        records = [r for r in measured if r.ok]
         gaps = np.array([g for r in records for g in itls_ms(r)])
         if not len(gaps) or not records[0].scheduled_ns < records[-1].scheduled_ns:
             continue  # a capacity level: every request at once, nothing counted after its fill
         with mock.patch.object(verdict, "itl_bounds", by_request):
-            before, _ = decide(path, args.itl)
-        now, counted = decide(path, args.itl)
+            before, _ = decide(measured, args.itl)
+        now, counted = decide(measured, args.itl)
         print(f"| {path.parent.name}/{path.name.removesuffix('.records.jsonl')} | {100 * np.mean(gaps > args.itl):.2f}% "
               f"| {before} | {now} ({counted} requests) |")
 
