@@ -3,6 +3,8 @@
 import optuna
 import outcomes
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from optuna.trial import TrialState
 
 from servetune.engine.installed import InstalledVllm
@@ -125,6 +127,33 @@ def test_rate_search_stops_after_max_levels_and_when_nothing_passes():
     easy = _run(RateSearch(10.0, max_levels=20), 100.0)
     assert easy.bracket[1] == 10.0 and easy.goodput_rate >= 9.5
 
+
+
+def test_a_pass_above_the_measured_capacity_searches_on_above_it():
+    # The H200 decode-heavy tune (2026-12-03): chunk 512's burst measured 13.89 req/s, then it passed its race at
+    # 12.37 and the defaults' 15.46; the search stopped there with the bracket [15.46, 13.89].
+    search = RateSearch(capacity=13.89)
+    search.tell(12.37, True)
+    search.tell(15.46, True)
+    assert search.next_rate() == pytest.approx(15.46 / 0.75)
+    assert search.bracket == (15.46, pytest.approx(15.46 / 0.75))
+    search.tell(15.46 / 0.75, False)
+    assert search.next_rate() == pytest.approx((15.46 + 15.46 / 0.75) / 2)  # then bisection
+
+
+@given(capacity=st.floats(1, 100), true_rate=st.floats(0, 300), race=st.floats(0.1, 1.2),
+       max_levels=st.integers(1, 8))
+def test_a_search_started_anywhere_brackets_the_rate_it_can_show(capacity, true_rate, race, max_levels):
+    """A race at `race` x the capacity (above it too, as a burst that measured low allows), then the search: its
+    bracket never inverts, and unless it ran out of levels it ends within the resolution of the true rate, or of
+    the capacity where no rate at or above it was shown to pass (the capacity is taken for not held)."""
+    search = RateSearch(capacity=capacity, max_levels=max_levels)
+    search.tell(race * capacity, race * capacity <= true_rate)
+    _run(search, true_rate)
+    low, high = search.bracket
+    assert low < high and low <= true_rate
+    if not search.spent and search.goodput_rate is not None:
+        assert (true_rate < high or high == capacity) and (high - low) / high <= search.resolution
 
 def _row(trial, role, value, bracket, status="ok"):
     return outcomes.row(trial, role, status=status, value=value, goodput_rate=value, goodput_bracket=bracket,

@@ -12,9 +12,11 @@ class RateSearch:
     Starts at `start_fraction` of the measured capacity (the throughput at rate inf) and steps down until a rate
     passes, by `step_down`, or by `step_far` after a level that failed by far (`tell`'s `far`: most of its
     requests over a bound, or saturated), then bisects between the highest passing and the lowest failing rate
-    until they are within `resolution` (relative) or `max_levels` rates were tried. A level that failed by far
-    ended within seconds and is not counted. A failing level ends early and a passing one needs a few hundred
-    requests (`servetune.measure.verdict`), so it steps down from above rather than bisecting into slow low rates.
+    until they are within `resolution` (relative) or `max_levels` rates were tried. A rate that passes at or above
+    the capacity shows the capacity level (a burst whose longest replies finish alone) measured low: the search
+    then steps up, by 1 / `step_down`, until a rate fails. A level that failed by far ended within seconds and is
+    not counted. A failing level ends early and a passing one needs a few hundred requests
+    (`servetune.measure.verdict`), so it steps down from above rather than bisecting into slow low rates.
     Pure: the caller measures each rate.
     """
 
@@ -61,10 +63,21 @@ class RateSearch:
             step = self.step_far if self.far and self.far[-1] else self.step_down
             rate = self.capacity * self.start_fraction if self.failed is None else self.failed * step
             return rate if rate >= self.capacity * self.min_fraction else None
-        upper = self.failed if self.failed is not None else self.capacity
+        upper = self._upper()
+        if self.failed is None and self.passed >= self.capacity:
+            return upper  # the capacity level measured low: step up until a rate fails
         if (upper - self.passed) / upper <= resolution:
             return None
         return (self.passed + upper) / 2
+
+    def _upper(self) -> float:
+        """The lowest rate not shown to pass: the lowest that failed, else the capacity, else (a rate at or above
+        the capacity passed) the next step up."""
+        if self.failed is not None:
+            return self.failed
+        if self.passed is not None and self.passed >= self.capacity:
+            return self.passed / self.step_down
+        return self.capacity
 
     @property
     def goodput_rate(self) -> float | None:
@@ -73,5 +86,5 @@ class RateSearch:
 
     @property
     def bracket(self) -> tuple[float, float]:
-        """[passed, failed): the goodput rate lies in here (passed defaults to 0, failed to the capacity)."""
-        return self.passed or 0.0, self.failed if self.failed is not None else self.capacity
+        """[passed, not passed): the goodput rate lies in here (passed defaults to 0; not passed: `_upper`)."""
+        return self.passed or 0.0, self._upper()
