@@ -251,6 +251,25 @@ def test_a_trace_studys_rates_are_speed_ups_in_the_report_and_the_head_to_head(t
     assert "req/s;" not in html and "req/s within" not in html
 
 
+
+def test_defaults_that_hold_the_picks_rate_head_to_head_show_that_rate_in_the_clis_table(tmp_path):
+    from servetune.study.record import StudyRecord
+    from servetune.study.results import Results
+    from servetune.tuner.confirm import decide
+
+    params = dict(zip(KNOBS, (4096, 128, True, 0.95)))
+    storage = make_study(tmp_path / "study.db", [("default", {}, ran({}, 18, 16, 180)),
+                                                 ("search", params, ran(dict(params), 30, 17, 140))])
+    record = StudyRecord(optuna.load_study(study_name=STUDY_NAME, storage=storage))
+    default, pick = Results(record).rows
+    record.write_confirmation(decide(pick, default, outcomes.level("confirm", pick.goodput_rate), None))
+    console = Console(file=io.StringIO(), width=200)
+    console.print(result_table(Results(record).summary))
+    rows = [line for line in console.file.getvalue().splitlines() if "(trial 0)" in line]
+    held = f"{pick.goodput_rate:.2f} (head-to-head; its search: {default.goodput_rate:.2f})"
+    assert [row.split("│")[1:3] for row in rows] == [[" default (trial 0) ", f" {held:<20} "],
+                                                    [" best (trial 0)    ", f" {held:<20} "]], rows
+
 def test_a_multi_turn_studys_report_shows_its_turns(tmp_path):
     from servetune.measure.metrics import TurnMetrics
 

@@ -217,14 +217,23 @@ def result_table(summary: "Summary") -> Table:
     for col in ("", f"goodput rate ({summary.rate_unit})", "throughput (req/s)",
                 *(lat.p99_label for lat in latencies), "config"):
         table.add_column(col)
-    for name, m in (("default", summary.default), ("best", summary.best)):
+    confirmation = summary.confirmation if summary.confirmation and summary.confirmation.method else None
+    held = (confirmation.default_goodput_rate if confirmation else None, summary.recommended_rate)
+    for (name, m), rate in zip((("default", summary.default), ("best", summary.best)), held):
         if m is None:
             continue
-        table.add_row(f"{name} (trial {m.trial})", _measured(m.goodput_rate, ".2f"),
+        table.add_row(f"{name} (trial {m.trial})", _goodput(m.goodput_rate, rate),
                       _measured(m.request_throughput, ".2f"),
                       *(_measured(m.slo_p99.get(lat.slo), ".1f") for lat in latencies),
                       " ".join(to_argv(m.config)) or "-")
     return table
+
+
+def _goodput(own: float | None, decided: float | None) -> str:
+    """A row's goodput cell: its own search's rate, or the higher rate the head-to-head showed it holds."""
+    if decided and own is not None and decided > own:
+        return f"{decided:.2f} (head-to-head; its search: {own:.2f})"
+    return _measured(own, ".2f")
 
 
 def _measured(value: float | None, spec: str) -> str:
