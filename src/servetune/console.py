@@ -217,8 +217,7 @@ def result_table(summary: "Summary") -> Table:
     for col in ("", f"goodput rate ({summary.rate_unit})", "throughput (req/s)",
                 *(lat.p99_label for lat in latencies), "config"):
         table.add_column(col)
-    confirmation = summary.confirmation if summary.confirmation and summary.confirmation.method else None
-    held = (confirmation.default_goodput_rate if confirmation else None, summary.recommended_rate)
+    held = (summary.default_rate, summary.recommended_rate)
     for (name, m), rate in zip((("default", summary.default), ("best", summary.best)), held):
         if m is None:
             continue

@@ -277,10 +277,24 @@ class Summary(_Frozen):
         """The rate the recommendation holds: the head-to-head's, else the best config's own."""
         if self.best is None:
             return None
+        decided = self._head_to_head()
+        return decided.recommended_goodput_rate if decided else self.best.rate(self.objective)
+
+    @property
+    def default_rate(self) -> float | None:
+        """The rate vLLM's defaults hold, decided as the recommendation's: the head-to-head's, else their own."""
+        if self.default is None:
+            return None
+        decided = self._head_to_head()
+        return decided.default_goodput_rate if decided else self.default.rate(self.objective)
+
+    def _head_to_head(self) -> HeadToHead | None:
+        """The confirmation whose rates are the decided ones: a goodput study's, made by a method (older studies
+        kept a pooled record without one)."""
         confirmation = self.confirmation
         if self.objective == Objective.GOODPUT and confirmation is not None and confirmation.method is not None:
-            return confirmation.recommended_goodput_rate
-        return self.best.rate(self.objective)
+            return confirmation
+        return None
 
 
 def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial], rows: list[TrialRow]) -> Summary:
@@ -361,7 +375,7 @@ def _goodput_answer(summary: Summary, rows: list[TrialRow]) -> str:
     if default is None:
         return f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
     if summary.best_beats_default:
-        base = confirmation.default_goodput_rate if confirmation is not None else default.goodput_rate
+        base = summary.default_rate
         than = (f"{summary.gain:+.0%} over their {base:.2f} {unit}" if summary.gain is not None and base
                 else f"where they hold no rate{_down_to(default, unit)}")
         return f"trial #{best.trial} beats vLLM's defaults: {holds}, {than}, beyond the measured resolution."
