@@ -15,7 +15,8 @@ from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study.storage import StudyError, StudyLock, default_storage
 from servetune.testing.installed import VLLM_CPU
 from servetune.testing.simengine import SimClock
-from servetune.timelimit import GUESS_LAUNCH_S, Keep, LevelBudget, TimePlan, parse_duration
+from servetune.timelimit import (GUESS_CAPACITY_S, GUESS_LAUNCH_S, STOP_S, Keep, LevelBudget, TimePlan,
+                                 parse_duration)
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import Runtime, TuneOptions, tune
@@ -94,6 +95,7 @@ def test_the_time_plan_guesses_a_cold_first_launch_then_uses_what_it_measured():
     clock = SimClock()
     plan = TimePlan(limit_s=900, device="cpu", budget_trials=4, clock=clock)
     assert plan.launch_s() == GUESS_LAUNCH_S["cpu"][0]  # nothing measured: the first launch fills the caches
+    assert plan.launch_s(later=True) == GUESS_LAUNCH_S["cpu"][1]  # one after a launch that starts now finds them full
     plan.observe_launch(200)  # a cold first launch: later ones are taken as at most the guess of a later one
     assert plan.launch_s() == GUESS_LAUNCH_S["cpu"][1]
     plan.observe_launch(20)
@@ -145,6 +147,9 @@ def test_the_plan_says_what_the_time_left_affords():
     assert plan.describe(30, 3) == ("time left 10m00s: a trial needs at least ~2m40s (launch ~2m00s, guessed; its "
                                     "first deciding level ~30s), room for ~3 of the 3 trials left")
     assert plan.describe(30, 0, reserve_s=90).endswith("the budget is spent; 1m30s kept for the head-to-head")
+    # 5 minutes: the first trial's cold launch (2m40s with its level), then a warm one (1m40s)
+    assert TimePlan(limit_s=300, device="cpu", clock=SimClock()).describe(30, 3).endswith("room for ~2 of the 3 "
+                                                                                          "trials left")
 
 
 def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(tiny_model, tmp_path):
@@ -157,6 +162,9 @@ def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(t
     assert "2 of 3 trials not launched: the 30s left hold no launch and first deciding level" in summary.not_done[0]
     assert summary.best.trial == 0 and summary.confirmation.recommended_goodput_rate == 5.0
     assert executor.jobs[0].budget.deadline == clock.now - 220 + 250  # the tune's own deadline: no slice
+    # the trials after the first launch into its compile caches: the room the defaults keep for them is a warm
+    # launch's (a cold one's cut the defaults' search on the H200 with 9m26s left and 2 trials of 2m19s to come)
+    assert executor.jobs[0].budget.next_trial_s == GUESS_LAUNCH_S["cpu"][1] + GUESS_CAPACITY_S + STOP_S
     assert "At the time limit: run vLLM's defaults: it holds 5.00 req/s" in summary.answer
     assert summary.time.unused_s == 30 and summary.time.elapsed_s == 220
 

@@ -163,14 +163,14 @@ class TimePlan:
     def observe_launch(self, ready_s: float) -> None:
         self.launches.append(ready_s)
 
-    def launch_s(self) -> float:
-        """What the next launch is expected to take. The first on a machine fills vLLM's compile caches (on the
-        H200, 3m27s against ~1m30s after it), so until a second is measured a launch is taken as the smaller of
-        the first and the guess of a later one."""
-        first, later = GUESS_LAUNCH_S.get(self.device, GUESS_LAUNCH_S["cpu"])
+    def launch_s(self, later: bool = False) -> float:
+        """What the next launch is expected to take (`later`: a launch after one that starts now). The first on a
+        machine fills vLLM's compile caches (on the H200, 3m27s against ~1m30s after it), so until a second is
+        measured a launch is taken as the smaller of the first and the guess of a later one."""
+        first, after = GUESS_LAUNCH_S.get(self.device, GUESS_LAUNCH_S["cpu"])
         if len(self.launches) > 1:
             return statistics.median(self.launches[1:])
-        return min(self.launches[0], later) if self.launches else first
+        return min(self.launches[0], after) if self.launches else after if later else first
 
     @property
     def level_s(self) -> float | None:
@@ -178,9 +178,10 @@ class TimePlan:
         trial of the budget and for the head-to-head."""
         return None if self.limit_s is None else self.limit_s / (LEVELS_PER_TRIAL * (self.budget_trials + 1))
 
-    def trial_s(self, first_level_s: float) -> float:
-        """The least a trial needs: a launch, its first deciding level (`first_level_s`) and a stop."""
-        return self.launch_s() + first_level_s + STOP_S
+    def trial_s(self, first_level_s: float, later: bool = False) -> float:
+        """The least a trial needs: a launch (`later`: after one that starts now), its first deciding level
+        (`first_level_s`) and a stop."""
+        return self.launch_s(later) + first_level_s + STOP_S
 
     def can_launch(self, first_level_s: float, reserve_s: float = 0.0) -> bool:
         """Whether another trial fits before the deadline, with `reserve_s` kept for the head-to-head."""
@@ -198,8 +199,8 @@ class TimePlan:
 
     def describe(self, first_level_s: float, budget_left: int, reserve_s: float = 0.0) -> str:
         """One line: the time left and what it affords."""
-        each = self.trial_s(first_level_s)
-        fits = max(0, int((self.remaining() - reserve_s) // each)) if each > 0 else budget_left
+        each, room = self.trial_s(first_level_s), self.remaining() - reserve_s
+        fits = 0 if room < each else 1 + int((room - each) // self.trial_s(first_level_s, later=True))
         measured = "measured" if self.launches else "guessed"
         kept = f"; {duration(reserve_s)} kept for the head-to-head" if reserve_s else ""
         rest = (f"room for ~{min(fits, budget_left)} of the {budget_left} trials left" if budget_left

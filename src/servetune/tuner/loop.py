@@ -375,7 +375,7 @@ class Tuner:
             if held is not None:
                 nxt = self.next_trial()
                 job = replace(held.job, plan=replace(held.job.plan, race=nxt.race), budget=clock.budget(
-                    reserve_s=nxt.reserve_s, keep=nxt.keep, next_trial_s=clock.trial_s(nxt.first_level_s),
+                    reserve_s=nxt.reserve_s, keep=nxt.keep, next_trial_s=clock.trial_s(nxt.first_level_s, later=True),
                     after=left - 1, baseline=read_trial(held.trial).role == Role.DEFAULT))
                 if running.submit(job, replace(held, job=job)):
                     skipped, held = 0, None
