@@ -64,8 +64,8 @@ class RateSearch:
             rate = self.capacity * self.start_fraction if self.failed is None else self.failed * step
             return rate if rate >= self.capacity * self.min_fraction else None
         upper = self._upper()
-        if self.failed is None and self.passed >= self.capacity:
-            return upper  # the capacity level measured low: step up until a rate fails
+        if self._climbing:
+            return upper
         if (upper - self.passed) / upper <= resolution:
             return None
         return (self.passed + upper) / 2
@@ -75,9 +75,13 @@ class RateSearch:
         the capacity passed) the next step up."""
         if self.failed is not None:
             return self.failed
-        if self.passed is not None and self.passed >= self.capacity:
-            return self.passed / self.step_down
-        return self.capacity
+        return self.passed / self.step_down if self._climbing else self.capacity
+
+    @property
+    def _climbing(self) -> bool:
+        """No rate failed and one at or above the capacity passed: the capacity level measured low, so the search
+        steps up until a rate fails."""
+        return self.failed is None and self.passed is not None and self.passed >= self.capacity
 
     @property
     def goodput_rate(self) -> float | None:
