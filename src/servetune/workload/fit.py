@@ -37,10 +37,20 @@ def served_prompt(
 ) -> tuple[int, int]:
     """(tokens, characters) of the prompt the server tokenizes: the text itself with the tokenizer's special
     tokens (completions), or the chat template rendered around the request's messages (chat)."""
+    return served_prompts(tokenizer, [request], endpoint)[0]
+
+
+def served_prompts(
+    tokenizer: "PreTrainedTokenizerBase", requests: list[RequestSpec], endpoint: Literal["completions", "chat"]
+) -> list[tuple[int, int]]:
+    """`served_prompt` of each request, tokenized in one batch."""
     if endpoint == "completions":
-        return len(tokenizer(request.prompt, verbose=False).input_ids), len(request.prompt)
-    text = tokenizer.apply_chat_template(request.messages(), add_generation_prompt=True, tokenize=False)
-    return len(tokenizer(text, add_special_tokens=False, verbose=False).input_ids), len(text)
+        texts = [r.prompt for r in requests]
+    else:
+        texts = [tokenizer.apply_chat_template(r.messages(), add_generation_prompt=True, tokenize=False)
+                 for r in requests]
+    ids = tokenizer(texts, add_special_tokens=endpoint == "completions", verbose=False).input_ids
+    return [(len(tokens), len(text)) for tokens, text in zip(ids, texts)]
 
 
 def with_min_model_len(
@@ -49,11 +59,8 @@ def with_min_model_len(
     """`requests` with `min_model_len` set: the smallest max-model-len that passes both of vLLM's checks,
     whichever version's budget applies."""
     per_token = max_chars_per_token(tokenizer)
-    result = []
-    for r in requests:
-        tokens, chars = served_prompt(tokenizer, r, endpoint)
-        result.append(replace(r, min_model_len=max(tokens, -(-chars // per_token)) + r.output_len))
-    return result
+    return [replace(r, min_model_len=max(tokens, -(-chars // per_token)) + r.output_len)
+            for r, (tokens, chars) in zip(requests, served_prompts(tokenizer, requests, endpoint))]
 
 
 def model_len_for(longest: int) -> int:

@@ -71,14 +71,14 @@ def build_requests(
     prefix_len = spec.prefix.length if spec.prefix else 0
     prefixes = [texts.exact(prefix_len) for _ in range(spec.prefix.groups)] if spec.prefix else [""]
     added = tokenizer.num_special_tokens_to_add()
-    requests = []
-    for i, (input_len, output_len) in enumerate(zip(input_lens.tolist(), output_lens.tolist())):
-        if input_len - added <= prefix_len:
-            raise WorkloadError(
-                f"input_len {input_len} leaves no text after the {added} special token(s) and {prefix_len}-token prefix"
-            )
-        prompt = texts.exact(input_len - added, head=prefixes[i % len(prefixes)])
-        requests.append(RequestSpec(prompt, input_len, output_len))
+    if count and (shortest := int(input_lens.min())) - added <= prefix_len:
+        raise WorkloadError(
+            f"input_len {shortest} leaves no text after the {added} special token(s) and {prefix_len}-token prefix"
+        )
+    prompts = texts.exact_many([n - added for n in input_lens.tolist()],
+                               [prefixes[i % len(prefixes)] for i in range(count)])
+    requests = [RequestSpec(prompt, input_len, output_len)
+                for prompt, input_len, output_len in zip(prompts, input_lens.tolist(), output_lens.tolist())]
     return with_min_model_len(requests, tokenizer, spec.endpoint)
 
 

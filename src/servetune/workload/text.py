@@ -1,5 +1,6 @@
 """Random text of an exact token count: the prompts, prefixes and session messages that servetune builds."""
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,38 +25,60 @@ class TextSampler:
         self._ordinary = np.array(sorted(set(tokenizer.get_vocab().values()) - self._special))
 
     def exact(self, length: int, head: str = "") -> str:
-        """Text starting with `head`'s tokens that encodes to exactly `length` tokens, added special tokens aside.
+        """Text starting with `head`'s tokens that encodes to exactly `length` tokens, added special tokens aside."""
+        return self.exact_many([length], [head])[0]
 
-        Random token ids are decoded to text, which is cut at a token boundary of its re-encoding.
+    def exact_many(self, lengths: Sequence[int], heads: Sequence[str]) -> list[str]:
+        """`exact` of each (length, head), tokenized in batches (a fast tokenizer spreads a batch over the cores).
+
+        Random token ids are decoded to text, which is cut at a token boundary of its re-encoding; a text that
+        cannot be cut to its length is drawn again.
         """
-        head_ids = self._encode(head)
+        head_ids = {head: self._encode([head])[0] for head in set(heads)}
+        out: list[str | None] = [None] * len(lengths)
+        pending = list(range(len(lengths)))
         for _ in range(_MAX_ATTEMPTS):
-            text = self._tokenizer.decode(head_ids + self.random_ids(length + length // 4 + 8 - len(head_ids)))
-            prompt = self._cut(text, length, head_ids)
-            if prompt is not None:
-                return prompt
-        raise WorkloadError(f"{self._tokenizer.name_or_path}: cannot build a prompt of exactly {length} tokens")
+            if not pending:
+                break
+            heads_ids = [head_ids[heads[i]] for i in pending]
+            texts = self._tokenizer.batch_decode([ids + self.random_ids(lengths[i] + lengths[i] // 4 + 8 - len(ids))
+                                                  for i, ids in zip(pending, heads_ids)])
+            for i, prompt in zip(pending, self._cut(texts, [lengths[i] for i in pending], heads_ids)):
+                out[i] = prompt
+            pending = [i for i in pending if out[i] is None]
+        if pending:
+            raise WorkloadError(f"{self._tokenizer.name_or_path}: cannot build a prompt of exactly "
+                                f"{lengths[pending[0]]} tokens")
+        return [text for text in out if text is not None]
 
-    def _cut(self, text: str, length: int, head_ids: list[int]) -> str | None:
-        """A prefix of `text` that encodes to `length` tokens beginning with `head_ids`, or None.
+    def _cut(self, texts: list[str], lengths: list[int], head_ids: list[list[int]]) -> list[str | None]:
+        """For each text, a prefix that encodes to its length beginning with its head ids, or None.
 
         Cutting can merge or split tokens at the cut; a cut that misses moves by the miss, a few times.
         """
-        encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        ends = [end for _, end in encoding["offset_mapping"]]
-        boundary = length
+        encodings = self._tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        ends = [[end for _, end in offsets] for offsets in encodings["offset_mapping"]]
+        boundary = list(lengths)
+        out: list[str | None] = [None] * len(texts)
+        live = range(len(texts))
         for _ in range(4):
-            if not len(head_ids) < boundary <= len(ends):
-                return None
-            candidate = text[: ends[boundary - 1]]
-            ids = self._encode(candidate)
-            if len(ids) == length and ids[: len(head_ids)] == head_ids and not self._special.intersection(ids):
-                return candidate
-            boundary += length - len(ids)
-        return None
+            live = [k for k in live if len(head_ids[k]) < boundary[k] <= len(ends[k])]
+            if not live:
+                break
+            candidates = [texts[k][: ends[k][boundary[k] - 1]] for k in live]
+            missed = []
+            for k, candidate, ids in zip(live, candidates, self._encode(candidates)):
+                head = head_ids[k]
+                if len(ids) == lengths[k] and ids[: len(head)] == head and not self._special.intersection(ids):
+                    out[k] = candidate
+                else:
+                    boundary[k] += lengths[k] - len(ids)
+                    missed.append(k)
+            live = missed
+        return out
 
-    def _encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=False, verbose=False)
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        return self._tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
 
     def random_ids(self, count: int) -> list[int]:
         """`count` random ordinary token ids."""
