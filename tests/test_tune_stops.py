@@ -33,8 +33,9 @@ class StandIn:
     slots = 1
 
     def __init__(self, rates: dict[int, float], out, wall_s: float = 60.0, interrupt_head_to_head: bool = False,
-                 lose_head_to_head: int = 0, clock: SimClock | None = None):
+                 lose_head_to_head: int = 0, clock: SimClock | None = None, fails: dict[int, float] | None = None):
         self.rates, self.out, self.wall_s, self.interrupt = rates, out, wall_s, interrupt_head_to_head
+        self.fails = fails or {}  # trial n's search also failed at fails[n] req/s
         self.clock = clock
         self.lose = lose_head_to_head  # head-to-heads whose worker dies before one runs
         self.seen: list[dict | None] = []
@@ -62,11 +63,13 @@ class StandIn:
             future.set_result(outcomes.ok(job.config, levels=[outcomes.level(
                 "confirm", rate, verdict="fail", reasons=["tpot_p99_ms: 9 of 60 requests over 25 ms"])]))
             return future
-        rate = self.rates[len([j for j in self.jobs if not j.plan.fixed_levels]) - 1]
+        n = len([j for j in self.jobs if not j.plan.fixed_levels]) - 1
+        rate = self.rates[n]
         if self.clock is not None:
             self.clock.advance_to(self.clock.now + self.wall_s)
+        failed = [outcomes.level("search", self.fails[n], passed=False)] if n in self.fails else []
         future.set_result(outcomes.ok(
-            job.config, levels=[outcomes.level("capacity", math.inf), outcomes.level("search", rate)],
+            job.config, levels=[outcomes.level("capacity", math.inf), *failed, outcomes.level("search", rate)],
             goodput_rate=rate, goodput_bracket=(rate, 1.1 * rate), request_throughput=2 * rate, p99_ttft_ms=10.0,
             p99_tpot_ms=5.0, wall_s=self.wall_s, startup=StartupFacts(ready_s=30.0)))
         return future
@@ -124,10 +127,14 @@ def test_a_levels_requests_fit_its_time_its_share_and_leave_room_for_the_trials_
     defaults = LevelBudget(deadline=1000.0, share_s=120.0, next_trial_s=100.0, after=3, baseline=True)
     assert defaults.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5) == 600
     assert "share" in defaults.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5, decided=True)
-    # after its first verdict a trial goes on only while the 3 trials after it keep 100 s each
-    assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True).startswith(
+    # after its first verdict a trial goes on only while the 3 trials after it keep 100 s each and a deciding level
+    # as long as this one (35 s): 405 s
+    assert budget.requests(now=560, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True).startswith(
         "going on would leave the 3 trials left")
-    assert budget.requests(now=650, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True) == 350
+    assert budget.requests(now=540, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True) == 400
+    # with 300 s left only 2 of them fit at all: room is kept for those 2
+    assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True).startswith(
+        "going on would leave the 2 trials left")
     assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 600  # the first
     # the last trial, or one after which no other fits, uses the rest
     assert LevelBudget(deadline=1000.0).refines(now=0, end=1000)
@@ -179,6 +186,20 @@ def test_a_candidate_races_at_the_best_rate_and_the_last_one_that_fits_runs(tiny
     assert len(searched) == 2 and searched[0].plan.race is None and searched[1].plan.race.rate == 5.0 and searched[1].plan.race.beat == 5.5
     assert searched[1].budget.after == 1 and searched[1].budget.deadline == searched[0].budget.deadline
     assert summary.state == "time-limit" and "1 of 3 trials not launched" in summary.not_done[0]
+
+
+def test_no_time_is_kept_for_a_head_to_head_that_the_best_config_makes_moot(tiny_model, tmp_path):
+    """The defaults hold 5 and fail at 8 req/s: trial 1's 6 would need the head-to-head, trial 2's 9 beats them by
+    their own failure and is the pick, so trial 3 keeps nothing for a head-to-head (seed 296 of bench/simulate.py
+    left 2m19s unused so)."""
+    clock = SimClock()
+    executor = StandIn({0: 5.0, 1: 6.0, 2: 9.0, 3: 7.0}, tmp_path / "out", clock=clock, fails={0: 8.0})
+    summary = tune(options(tiny_model, tmp_path, budget=4, time_limit_s=3600), executor=executor,
+                   runtime=Runtime(clock=clock))
+    searched = [j for j in executor.jobs if not j.plan.fixed_levels]
+    assert searched[2].budget.deadline < searched[0].budget.deadline  # trial 1's pass at 6 keeps the time
+    assert searched[3].budget.deadline == searched[0].budget.deadline
+    assert summary.confirmation.method == "search" and summary.confirmation.recommended_trial == 2
 
 
 def test_outputs_are_written_after_every_trial_and_an_interrupted_head_to_head_resumes(tiny_model, tmp_path):

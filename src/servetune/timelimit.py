@@ -13,8 +13,9 @@ the head-to-head. The plan keeps these rules:
   the time, except by vLLM's defaults before any level of theirs was decided (every answer is measured
   against them).
 - Another trial is launched while a launch and its first deciding level still fit. Every trial gets its first
-  verdict; after it, a trial goes on only while every trial left in the budget keeps that room, and one after which
-  no other would fit uses what is left to sharpen its own rate (`LevelBudget.refines`).
+  verdict; after it, a trial goes on only while every trial left in the budget keeps that room and a deciding level
+  as long as the one it would start (a later trial's search runs at like rates), and one after which no other would
+  fit uses what is left to sharpen its own rate (`LevelBudget.refines`).
 - The head-to-head's time is kept only once a candidate has passed where it would be needed (`Keep`): at or
   above the defaults' goodput bracket, below every rate their own search failed at.
 """
@@ -106,10 +107,10 @@ class LevelBudget:
                  decided: bool = False) -> "int | str":
         """The requests a level at `rate_per_s` req/s sends: `cap`, held to `level_s` and to what fits before `end`
         with `drain_s` for its last replies, and in a trial that has `decided` a level already, to what leaves each
-        later trial of the budget room for a launch and its first deciding level. Why it is not started, when fewer
-        than `least` (what its verdict needs) fit, or when `least` takes longer than `share_s` while another trial
-        would use the time (vLLM's defaults: only once they decided a level, so that candidates are measured
-        against something)."""
+        later trial of the budget room for a launch, its first level and a deciding level as long as this one. Why
+        it is not started, when fewer than `least` (what its verdict needs) fit, or when `least` takes longer than
+        `share_s` while another trial would use the time (vLLM's defaults: only once they decided a level, so that
+        candidates are measured against something)."""
         need = least / rate_per_s + drain_s
         shared = self.share_s is not None and (decided or not self.baseline)
         if shared and need > self.share_s and not self.refines(now, end):
@@ -120,9 +121,10 @@ class LevelBudget:
         n = min(n, math.floor((end - now - drain_s - STOP_S) * rate_per_s))
         if n < least:
             return f"more than the {duration(max(0.0, end - now))} left"
-        later = min(self.after, math.floor((end - now) / self.next_trial_s)) if self.next_trial_s > 0 else 0
+        each = self.next_trial_s + need  # a later trial's launch, its first level and a level like this one
+        later = min(self.after, math.floor((end - now) / each)) if self.next_trial_s > 0 else 0
         if decided and later > 0:
-            n = min(n, math.floor((end - now - later * self.next_trial_s - drain_s - STOP_S) * rate_per_s))
+            n = min(n, math.floor((end - now - later * each - drain_s - STOP_S) * rate_per_s))
             if n < least:
                 return f"going on would leave the {later} trials left less than they need"
         return n
