@@ -534,9 +534,9 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     high = min((lv.rate for lv in default.outcome.levels if lv.verdict == Decision.FAIL and math.isfinite(lv.rate)),
                default=math.inf)
     keep = replace(cost, low=low, high=high)
-    pending = [t for t in measured if t.number != default.number and t.outcome.goodput_rate
-               and keep.applies(t.outcome.goodput_rate)]
-    pick = max(pending, key=lambda t: t.outcome.goodput_rate, default=None)
+    best = max((t for t in measured if t.number != default.number and t.outcome.goodput_rate),
+               key=lambda t: t.outcome.goodput_rate, default=None)
+    pick = best if best is not None and keep.applies(best.outcome.goodput_rate) else None  # the head-to-head's
     decided = record.confirmation
     if pick is None or (decided is not None and decided.pick is not None and decided.pick.trial == pick.number
                         and decided.head_to_head is not None):
