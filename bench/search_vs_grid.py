@@ -7,12 +7,16 @@ and each search arm's answer, its goodput as a fraction of the grid's best, and 
 An arm's goodput is its recommended config's (after the head-to-head), as the arm measured it. The machine's speed
 drifts between arms measured tens of minutes apart, so each arm's pick is also read off the grid (the grid's goodput
 for the pick's max-num-batched-tokens and max-num-seqs, other knobs aside) and re-measured back to back with the
-grid's best (`recheck-*`, one-config tunes, when the run has them). A goodput rate is the highest rate the rate search passed: its bracket (passed, failed) says how finely
+grid's best (`recheck-*`, one-config tunes, when the run has them; `roundN-*` for repeated rounds of them). Last, how
+far the run's fail verdicts can be trusted: how many were reached within 5 s, and how many a pass of the same config
+at an equal or higher rate, anywhere in the run, contradicts. A goodput rate is the highest rate the rate search passed: its bracket (passed, failed) says how finely
 it was located.
 """
 
 import csv
+import json
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 from servetune.study import Summary
@@ -46,6 +50,37 @@ def load(out: Path) -> dict[str, dict[str, tuple[Summary, float]]]:
     return runs
 
 
+V1_DEFAULTS = {"enable_chunked_prefill": True, "enable_prefix_caching": True, "enforce_eager": False}
+
+
+def same_config(config: dict) -> str:
+    """A key that a grid point and a search's trial of the same config share (vLLM V1's defaults left out)."""
+    return json.dumps({k: v for k, v in config.items() if V1_DEFAULTS.get(k, object()) != v}, sort_keys=True)
+
+
+def fail_verdicts(out: Path, name: str, arms: dict[str, tuple[Summary, float]]) -> str:
+    """The run's level fail verdicts: how many, how many within 5 s, how many contradicted by a pass of the same
+    config at an equal or higher rate in any arm (of those whose levels.csv is kept)."""
+    levels = []
+    for arm, (summary, _) in arms.items():
+        path = out / name / arm / "levels.csv"
+        if not path.exists():  # runs kept in docs before this count keep the searches' levels only
+            continue
+        configs = {b.trial: same_config(b.config) for b in summary.budget}
+        with open(path) as f:
+            levels += [(configs[int(r["trial"])], r) for r in csv.DictReader(f) if r["name"] != "capacity"]
+    passed: dict[str, float] = defaultdict(float)
+    for config, r in levels:
+        if r["verdict"] == "pass":
+            passed[config] = max(passed[config], float(r["rate"]))
+    fails = [(config, r) for config, r in levels if r["verdict"] == "fail"]
+    quick = {id(r) for _, r in fails if float(r["duration"]) < 5}
+    contradicted = [r for config, r in fails if passed[config] >= float(r["rate"])]
+    return (f"Fail verdicts of the run's levels (capacity bursts aside): {len(fails)} of {len(levels)} levels; "
+            f"{len(quick)} reached within 5 s; {len(contradicted)} contradicted by a pass of the same config at an "
+            f"equal or higher rate elsewhere in the run ({sum(id(r) in quick for r in contradicted)} of them within 5 s).")
+
+
 def goodput(summary: Summary) -> float:
     return (summary.best.goodput_rate or 0.0) if summary.best else 0.0
 
@@ -62,14 +97,14 @@ def picks(arms: dict[str, tuple[Summary, float]]) -> dict[str, dict]:
     best = max((arm for arm in arms if arm.startswith("grid-")), key=lambda arm: goodput(arms[arm][0]))
     chosen = {best: recommended(arms[best][0])}
     for arm, (summary, _) in arms.items():
-        if not arm.startswith(("grid-", "recheck-")) and recommended(summary) not in chosen.values():
+        if not arm.startswith(("grid-", "recheck-", "round")) and recommended(summary) not in chosen.values():
             chosen[arm] = recommended(summary)
     return chosen
 
 
 def main(out: Path) -> None:
     for name, arms in load(out).items():
-        summaries = {arm: summary for arm, (summary, _) in arms.items() if not arm.startswith("recheck-")}
+        summaries = {arm: summary for arm, (summary, _) in arms.items() if not arm.startswith(("recheck-", "round"))}
         grid = {arm: s for arm, s in summaries.items() if arm.startswith("grid-")}
         grid_s = sum(arms[arm][1] for arm in grid)
         best_arm = max(grid, key=lambda arm: goodput(grid[arm]))
@@ -95,15 +130,18 @@ def main(out: Path) -> None:
             print(f"| {arm} | {s.state} | {sum(1 for b in s.budget if b.launched)} | {flags(pick)} | {rate(rate_)} | "
                   f"{share(rate_, grid_best)} | {rate(on_grid) if point else 'not in the grid'} | "
                   f"{share(on_grid, grid_best)} | {seconds / 60:.1f} min | {seconds / grid_s:.0%} |")
-        rechecks = {arm.removeprefix("recheck-"): summary for arm, (summary, _) in arms.items()
-                    if arm.startswith("recheck-")}
-        if rechecks:
+        rounds: dict[str, dict[str, Summary]] = {}
+        for arm, (summary, _) in arms.items():
+            stage, _, of = arm.partition("-")
+            if stage == "recheck" or stage.startswith("round"):
+                rounds.setdefault(stage, {})[of] = summary
+        for stage, rechecks in rounds.items():
             base = goodput(rechecks[best_arm])
-            print("\nRe-measured back to back (one-config tunes, in this order):\n\n| config of | goodput (req/s) | "
-                  "bracket | of the grid's best, re-measured |\n|---|---|---|---|")
+            print(f"\nRe-measured back to back ({stage}; one-config tunes, in this order):\n\n| config of | goodput "
+                  "(req/s) | bracket | of the grid's best, re-measured |\n|---|---|---|---|")
             for arm, summary in rechecks.items():
                 print(f"| {arm} | {rate(goodput(summary) or None)} | {bracket(summary)} | {share(goodput(summary), base)} |")
-        print()
+        print(f"\n{fail_verdicts(out, name, arms)}\n")
 
 
 if __name__ == "__main__":

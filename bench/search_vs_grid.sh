@@ -6,14 +6,20 @@
 #   3. the default strategy with a time limit of 30% of the grid's wall time;
 # then, per workload, the grid's best config and each arm's recommendation re-measured back to back (one-config
 # tunes: the machine's speed drifts over the tens of minutes between the arms). `--recheck` runs only that stage;
-# `--searches` runs stages 2, 3 and the re-measurement against the grid already in OUT (after a change to the search).
+# `--searches` runs stages 2, 3 and the re-measurement against the grid already in OUT (after a change to the search);
+# `--rounds K` re-measures the same configs K more times (arms round1-*, round2-*, ...), the order rotated each round
+# so that a drift is shared out.
 # Every arm uses the same level options (LEVEL_OPTS). Wall times go to $OUT/times.tsv; summarise with
 # `python bench/search_vs_grid.py $OUT`.
-# usage: bench/search_vs_grid.sh [--recheck | --searches] OUT NAME WORKLOAD SLO [NAME WORKLOAD SLO ...]
+# usage: bench/search_vs_grid.sh [--recheck | --searches | --rounds K] OUT NAME WORKLOAD SLO [NAME WORKLOAD SLO ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-recheck_only= searches_only=
-case $1 in --recheck) recheck_only=1; shift ;; --searches) searches_only=1; shift ;; esac
+recheck_only= searches_only= rounds=0
+case $1 in
+  --recheck) recheck_only=1; shift ;;
+  --searches) searches_only=1; shift ;;
+  --rounds) recheck_only=1 rounds=$2; shift 2 ;;
+esac
 out=$1; shift
 st=(.venv/bin/servetune tune --model "$PWD/.cache/tiny-llama")
 CHUNKS=${CHUNKS:-128 256 512 1024} SEQS=${SEQS:-16 128}
@@ -25,11 +31,12 @@ timed() {  # NAME ARM DIR CMD...: runs CMD, appends "name arm seconds rc" to tim
   "$@" --out "$dir" > "$dir.log" 2>&1; local rc=$?
   printf '%s\t%s\t%.1f\t%s\n' "$name" "$arm" "$(echo "$(date +%s.%N) - $t0" | bc)" "$rc" >> "$out/times.tsv"
 }
-recheck() {  # NAME WORKLOAD SLO
-  local arm args
-  .venv/bin/python bench/search_vs_grid.py "$out" --picks "$1" | while IFS=$'\t' read -r arm args; do
-    read -ra args <<< "$args"
-    timed "$1" "recheck-$arm" "$out/$1/recheck-$arm" "${st[@]}" --workload "$2" --slo "$3" "${LEVEL_OPTS[@]}" \
+recheck() {  # NAME WORKLOAD SLO [ROUND]: each of $picks once, as recheck-* (or roundROUND-*, the order rotated)
+  local stage=recheck line arm args k
+  [ -n "${4:-}" ] && stage=round$4
+  for ((k = 0; k < ${#picks[@]}; k++)); do
+    line=${picks[(k + ${4:-1} - 1) % ${#picks[@]}]}; arm=${line%%$'\t'*}; read -ra args <<< "${line#*$'\t'}"
+    timed "$1" "$stage-$arm" "$out/$1/$stage-$arm" "${st[@]}" --workload "$2" --slo "$3" "${LEVEL_OPTS[@]}" \
       "${args[@]/#/--engine-arg=}" --budget 1 --no-confirm
   done
 }
@@ -47,4 +54,8 @@ while (($# >= 3)); do
   timed "$name" search-30pct "$out/$name/search-30pct" "${st[@]}" --workload "$workload" --slo "$slo" \
     "${LEVEL_OPTS[@]}" --time-limit "$((grid_s * 3 / 10))s"
 done
-for ((i = 0; i + 2 < ${#workloads[@]}; i += 3)); do recheck "${workloads[@]:i:3}"; done
+for ((i = 0; i + 2 < ${#workloads[@]}; i += 3)); do
+  mapfile -t picks < <(.venv/bin/python bench/search_vs_grid.py "$out" --picks "${workloads[i]}")
+  if ((rounds)); then for ((r = 1; r <= rounds; r++)); do recheck "${workloads[@]:i:3}" "$r"; done
+  else recheck "${workloads[@]:i:3}"; fi
+done
