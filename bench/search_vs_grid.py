@@ -9,12 +9,13 @@ drifts between arms measured tens of minutes apart, so each arm's pick is also r
 for the pick's max-num-batched-tokens and max-num-seqs, other knobs aside) and re-measured back to back with the
 grid's best (`recheck-*`, one-config tunes, when the run has them; `roundN-*` for repeated rounds of them). Last, how
 far the run's fail verdicts can be trusted: how many were reached within 5 s, and how many a pass of the same config
-at an equal or higher rate, anywhere in the run, contradicts. A goodput rate is the highest rate the rate search passed: its bracket (passed, failed) says how finely
-it was located.
+at an equal or higher rate, anywhere in the run, contradicts. A goodput rate is the highest rate the rate search
+passed: its bracket (passed, failed) says how finely it was located.
 """
 
 import csv
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -74,11 +75,17 @@ def fail_verdicts(out: Path, name: str, arms: dict[str, tuple[Summary, float]]) 
         if r["verdict"] == "pass":
             passed[config] = max(passed[config], float(r["rate"]))
     fails = [(config, r) for config, r in levels if r["verdict"] == "fail"]
-    quick = {id(r) for _, r in fails if float(r["duration"]) < 5}
     contradicted = [r for config, r in fails if passed[config] >= float(r["rate"])]
+
+    def within_5s(rows: list[dict]) -> int:
+        return sum(float(r["duration"]) < 5 for r in rows)
     return (f"Fail verdicts of the run's levels (capacity bursts aside): {len(fails)} of {len(levels)} levels; "
-            f"{len(quick)} reached within 5 s; {len(contradicted)} contradicted by a pass of the same config at an "
-            f"equal or higher rate elsewhere in the run ({sum(id(r) in quick for r in contradicted)} of them within 5 s).")
+            f"{within_5s([r for _, r in fails])} reached within 5 s; {len(contradicted)} contradicted by a pass of "
+            f"the same config at an equal or higher rate elsewhere in the run ({within_5s(contradicted)} of them "
+            "within 5 s).")
+
+
+REMEASURED = re.compile(r"(recheck|round\d+)-(.+)")  # an arm that re-measures a pick: its stage and the pick's arm
 
 
 def goodput(summary: Summary) -> float:
@@ -97,14 +104,15 @@ def picks(arms: dict[str, tuple[Summary, float]]) -> dict[str, dict]:
     best = max((arm for arm in arms if arm.startswith("grid-")), key=lambda arm: goodput(arms[arm][0]))
     chosen = {best: recommended(arms[best][0])}
     for arm, (summary, _) in arms.items():
-        if not arm.startswith(("grid-", "recheck-", "round")) and recommended(summary) not in chosen.values():
+        searched = not arm.startswith("grid-") and not REMEASURED.fullmatch(arm)
+        if searched and recommended(summary) not in chosen.values():
             chosen[arm] = recommended(summary)
     return chosen
 
 
 def main(out: Path) -> None:
     for name, arms in load(out).items():
-        summaries = {arm: summary for arm, (summary, _) in arms.items() if not arm.startswith(("recheck-", "round"))}
+        summaries = {arm: summary for arm, (summary, _) in arms.items() if not REMEASURED.fullmatch(arm)}
         grid = {arm: s for arm, s in summaries.items() if arm.startswith("grid-")}
         grid_s = sum(arms[arm][1] for arm in grid)
         best_arm = max(grid, key=lambda arm: goodput(grid[arm]))
@@ -132,9 +140,8 @@ def main(out: Path) -> None:
                   f"{share(on_grid, grid_best)} | {seconds / 60:.1f} min | {seconds / grid_s:.0%} |")
         rounds: dict[str, dict[str, Summary]] = {}
         for arm, (summary, _) in arms.items():
-            stage, _, of = arm.partition("-")
-            if stage == "recheck" or stage.startswith("round"):
-                rounds.setdefault(stage, {})[of] = summary
+            if match := REMEASURED.fullmatch(arm):
+                rounds.setdefault(match[1], {})[match[2]] = summary
         for stage, rechecks in rounds.items():
             base = goodput(rechecks[best_arm])
             print(f"\nRe-measured back to back ({stage}; one-config tunes, in this order):\n\n| config of | goodput "
