@@ -369,7 +369,9 @@ def slo_tests(slo: dict[str, float], records: list[RequestRecord]) -> dict[str, 
     can undo); none where a request failed, since the tuner fails such a level outright."""
     tests = {}
     for name, bound in slo.items():
-        level = LevelTest({name: bound}, first=min(40, len(records)), cap=len(records), first_index=records[0].index)
+        origin = min(r.scheduled_ns for r in records)
+        level = LevelTest({name: bound}, first=min(40, len(records)), due_ns=[r.scheduled_ns - origin for r in records],
+                          first_index=records[0].index)
         for record in records:
             level.add(record)
         level.finish()
