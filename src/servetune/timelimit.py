@@ -72,14 +72,16 @@ class Keep:
     high: float  # the lowest rate the defaults' own search failed at (inf: none): above it nothing needs running
     launch_s: float
     requests: int  # the head-to-head level's requests
-    drain_s: float  # the last requests' latency, and the warm-up
+    drain_s: float  # its fill and tail: the requests' latency
+    min_window_s: float = 0.0  # its window lasts at least this
 
     def applies(self, rate: float) -> bool:
         return self.low <= rate < self.high
 
     def seconds(self, rate_per_s: float) -> float:
         """What the head-to-head takes at `rate_per_s` req/s, its launch given LAUNCH_SPARE (launches vary)."""
-        return LAUNCH_SPARE * self.launch_s + self.requests / rate_per_s + self.drain_s + STOP_S
+        window_s = max(self.requests / rate_per_s, self.min_window_s)
+        return LAUNCH_SPARE * self.launch_s + window_s + self.drain_s + STOP_S
 
 
 @dataclass(frozen=True)

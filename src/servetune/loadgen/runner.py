@@ -65,7 +65,7 @@ async def run_load(
     """
     n_warmup = min(shape.warmup_requests, len(requests))
     sessions = _sessions(requests, n_warmup)
-    due_ns, offered_rate = _due_times(requests[n_warmup:], len(sessions), shape.request_rate, shape.burstiness,
+    due_ns, offered_rate = due_times(requests[n_warmup:], len(sessions), shape.request_rate, shape.burstiness,
                                       shape.seed)
     slots = _Slots(shape.max_concurrency)
     records: list[RequestRecord] = []
@@ -140,7 +140,7 @@ async def run_load(
     return LoadResult(records, offered_rate, shape.burstiness, shape.max_concurrency, start_ns, end_ns, stopped_early)
 
 
-def _due_times(
+def due_times(
     timed: Sequence[RequestSpec], n_sessions: int, request_rate: float, burstiness: float, seed: int
 ) -> tuple[list[int], float]:
     """(due times in ns after the origin, offered rate in req/s): of each session's start, at `request_rate`
