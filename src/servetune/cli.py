@@ -13,7 +13,7 @@ import typer
 from pydantic import BaseModel
 from rich.markup import escape
 
-from servetune.console import (BenchProgress, TuneProgress, console, progress_bar, result_table, say, show_bench,
+from servetune.console import (BenchProgress, TuneProgress, console, progress_bar, say, show_answer, show_bench,
                                verify_table, warn)
 from servetune.errors import ServetuneError
 from servetune.options import (BenchArgs, DemoArgs, MemoryArgs, ModelTinyArgs, ReportArgs, TuneArgs, UsageError,
@@ -203,12 +203,7 @@ def _tune(opts: "TuneOptions") -> "Summary":
     finally:
         if bar.live.is_started:
             bar.stop()
-    console.print(result_table(summary))
-    say(f"{summary.answer}\nreport: {opts.out / 'report.html'}")
-    if summary.best is not None:
-        say(f"run it: {summary.best_command}\noutputs: {opts.out}/ (state: {summary.state})")
-    if summary.time is not None:
-        say(f"time: {summary.time}")
+    show_answer(summary, opts.out)
     return summary
 
 
