@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from servetune.measure.benchrun import BenchRun
     from servetune.measure.metrics import LevelMetrics
     from servetune.study.outcome import TrialOutcome
-    from servetune.study.results import Summary
+    from servetune.study.results import Summary, SummaryEntry
     from servetune.verify import VerifyResult
 
 console = Console(stderr=True)
@@ -211,21 +212,50 @@ class TuneProgress(Hooks):
         console.print(text, highlight=False)
 
 
+def show_answer(summary: "Summary", out: Path) -> None:
+    """A tune's answer: its numbers in a table, each row's config in full below it, the answer in a sentence, then the
+    command to run. Configs, command and paths are printed each on one line (`whole`): a terminal wraps them where
+    it must, a log file keeps them whole, and nothing is cut to fit a column."""
+    console.print(result_table(summary))
+    for name, entry in _answer_rows(summary):
+        whole(f"{name} (trial {entry.trial}): {' '.join(to_argv(entry.config)) or '(vLLM defaults)'}")
+    say(summary.answer)
+    whole(f"report: {out / 'report.html'}")
+    if summary.best is not None:
+        whole(f"run it: {summary.best_command}")
+        whole(f"outputs: {out}/ (state: {summary.state})")
+    if summary.time is not None:
+        say(f"time: {summary.time}")
+
+
+def whole(text: str) -> None:
+    """A line that must stay whole (a command, a config, a path): never wrapped or cut by the console."""
+    console.print(escape(text), highlight=False, soft_wrap=True)
+
+
 def result_table(summary: "Summary") -> Table:
-    table = Table(title=f"servetune tune: {summary.objective} under {summary.slo or 'no SLO'}")
+    """The numbers of vLLM's defaults and of the best config (their configs are printed below it: `show_answer`)."""
+    table = Table(title=f"servetune tune: {summary.objective} under {_slos(summary.slo)}")
     latencies = headline_latencies(summary.slo)
-    for col in ("", f"goodput rate ({summary.rate_unit})", "throughput (req/s)",
-                *(lat.p99_label for lat in latencies), "config"):
+    table.add_column("", no_wrap=True)  # the row's name: "best (trial 2)"
+    for col in (f"goodput rate ({summary.rate_unit})", "throughput (req/s)", *(lat.p99_label for lat in latencies)):
         table.add_column(col)
-    held = (summary.default_rate, summary.recommended_rate)
-    for (name, m), rate in zip((("default", summary.default), ("best", summary.best)), held):
-        if m is None:
-            continue
-        table.add_row(f"{name} (trial {m.trial})", _goodput(m.goodput_rate, rate),
+    held = {"default": summary.default_rate, "best": summary.recommended_rate}
+    for name, m in _answer_rows(summary):
+        table.add_row(f"{name} (trial {m.trial})", _goodput(m.goodput_rate, held[name]),
                       _measured(m.request_throughput, ".2f"),
-                      *(_measured(m.slo_p99.get(lat.slo), ".1f") for lat in latencies),
-                      " ".join(to_argv(m.config)) or "-")
+                      *(_measured(m.slo_p99.get(lat.slo), ".1f") for lat in latencies))
     return table
+
+
+def _answer_rows(summary: "Summary") -> "list[tuple[str, SummaryEntry]]":
+    """The answer's rows: vLLM's defaults, then the best config, each where there is one."""
+    return [(name, entry) for name, entry in (("default", summary.default), ("best", summary.best)) if entry]
+
+
+def _slos(slo: Mapping[str, float]) -> str:
+    """The SLOs as the table's title says them, e.g. "p99 TTFT <= 1500 ms, p99 ITL <= 35 ms"."""
+    return ", ".join(f"p99 {latency(name).label} <= {bound:g} ms" for name, bound in slo.items()) or "no SLO"
 
 
 def _goodput(own: float | None, decided: float | None) -> str:
