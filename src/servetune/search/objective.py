@@ -18,8 +18,10 @@ class RateSearch:
     (always after a level that failed by far: most of its requests over a bound, or saturated). Until a rate fails,
     each passed rate is followed by one higher by its margin, at most by `step_up`. Between the highest passing and
     the lowest failing rate, the next is where the line through their margins crosses zero (`solve_sla`'s root, as
-    AIPerf and vLLM's sweep find it), held to the middle of the bracket and a little below the root (a pass there
-    is the answer), or the bracket's middle where a margin is unknown; until they are within `resolution` (relative)
+    AIPerf and vLLM's sweep find it; an end kept twice has its margin halved, as in the Illinois method, so that a
+    level that failed far does not hold the next rates near the pass), held to the middle of the bracket and a
+    little below the root (a pass there is the answer), or the bracket's middle where a margin is unknown; until
+    they are within `resolution` (relative)
     or `max_levels` rates were tried. A level that failed by far ended within seconds and is not counted. Pure: the
     caller measures each rate.
     """
@@ -39,12 +41,17 @@ class RateSearch:
         self.tried: list[tuple[float, bool]] = []
         self.far: list[bool] = []  # each tried rate's: whether it failed by far
         self.margins: dict[float, float] = {}  # each tried rate's margin, where known
+        self._kept: tuple[float | None, bool] | None = None  # the end the last tell kept, and on which side
 
     def tell(self, rate: float, ok: bool, far: bool = False, margin: float | None = None) -> None:
         self.tried.append((rate, ok))
         self.far.append(far and not ok)
         if margin is not None and math.isfinite(margin):
             self.margins[rate] = margin
+        kept = self.failed if ok else self.passed  # the bracket's other end, kept again
+        if kept is not None and kept in self.margins and self._kept == (kept, ok):
+            self.margins[kept] /= 2  # kept twice: its margin halved, so the root moves toward it (Illinois)
+        self._kept = (kept, ok)
         if ok and (self.passed is None or rate > self.passed):
             self.passed = rate
         if not ok and (self.failed is None or rate < self.failed):

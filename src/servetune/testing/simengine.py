@@ -350,7 +350,7 @@ def simulate(scenario: Scenario, model: Path, out: Path, hooks: Hooks = Hooks())
 
 
 TRUE_S = 240.0  # seconds of Poisson arrivals in a run that finds the truth, the first quarter left out
-TRUE_REQUESTS = (2000, 12000)  # ... at least and at most this many requests
+TRUE_REQUESTS = (2000, 8000)  # ... at least and at most this many requests
 TRUE_RESOLUTION = 0.01
 _TRUTHS: dict[int, float] = {}
 
@@ -469,18 +469,19 @@ WORKLOADS = {
 }
 
 
-def draw_scenario(seed: int, limit_s: float | None = 900.0, **fixed: Any) -> Scenario:
-    """A random scenario (seeded): a CPU or GPU machine from very slow to fast, one of WORKLOADS, a budget of 3-6,
-    a share of configs that fail to start, and one SLO or two, each the p99 that a reference config (the defaults,
-    or a chunk of the ladder) shows at 30-90% of its capacity, raised by 15-50% (a bound the p99 only grazes at
-    every rate is not decided by any level); `fixed` sets any field."""
+def draw_scenario(seed: int, limit_s: float | None = 900.0, family: str | None = None, **fixed: Any) -> Scenario:
+    """A random scenario (seeded): a CPU or GPU machine from very slow to fast, one of WORKLOADS (`family`: that
+    one), a budget of 3-6, a share of configs that fail to start, and one SLO or two, each the p99 that a reference
+    config (the defaults, or a chunk of the ladder) shows at 30-90% of its capacity, raised by 15-50% (a bound the
+    p99 only grazes at every rate is not decided by any level); `fixed` sets any field."""
     rng = np.random.default_rng([seed, 2026])
 
     def log_uniform(low: float, high: float) -> float:
         return float(math.exp(rng.uniform(math.log(low), math.log(high))))
 
     device = "gpu" if rng.random() < 0.3 else "cpu"
-    workload = {"num_requests": 400, "seed": int(seed % 1000)} | WORKLOADS[str(rng.choice(list(WORKLOADS)))]
+    drawn = str(rng.choice(list(WORKLOADS)))
+    workload = {"num_requests": 400, "seed": int(seed % 1000)} | WORKLOADS[family or drawn]
     effects = {f"enable_prefix_caching={v}": float(rng.uniform(0.97, 1.03)) for v in (True, False)}
     effects |= {f"enforce_eager={v}": float(rng.uniform(1.0, 1.5) if v and device == "gpu" else 1.0)
                 for v in (True, False)}

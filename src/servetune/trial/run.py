@@ -49,8 +49,10 @@ from servetune.workload.trace import trace_rate
 SATURATION_MIN_FINISHED = 20
 BEHIND_SHARE = 0.9  # a level that finished fewer of its due requests than this is falling behind (`behind`)
 BEHIND_AFTER_S = 10.0
-CAPACITY_CONCURRENCY = 256  # requests the capacity level keeps in flight (the config's max-num-seqs, where fewer)
-CAPACITY_S = 20.0  # s the capacity level's window lasts, from the moment a quarter of its first requests finished
+CAPACITY_CONCURRENCY = 1024  # requests the capacity level keeps in flight: the config's max-num-seqs where it sets
+# one, else as many as vLLM's largest default runs at once (a full batch, and a queue where it runs fewer)
+CAPACITY_OPENS = 32  # the capacity level's window opens once this many requests (at most a quarter) have finished,
+CAPACITY_S = 20.0  # and lasts this long
 CAPACITY_MIN_FINISHED = 10
 FAR_OVER = 0.25  # a level with at least this share over a bound failed by far (`failed_far`)
 MIN_WINDOW_S = 20.0  # the shortest steady window of a level at a finite rate
@@ -489,8 +491,8 @@ class Levels:
             self.cut, self.needed_s = "time limit: no time left for the capacity level", CAPACITY_S
             return None
         seqs = int(self.server.engine_args.get("max_num_seqs") or CAPACITY_CONCURRENCY)
-        concurrency = max(1, min(seqs, CAPACITY_CONCURRENCY, (len(requests) - warmup) // 2))
-        box = CapacityBox(max(1, concurrency // 4))
+        concurrency = max(1, min(seqs, (len(requests) - warmup) // 2))
+        box = CapacityBox(max(1, min(CAPACITY_OPENS, concurrency // 4)))
         self.hooks.level_started(LevelName.CAPACITY, math.inf, len(requests))
         stop = LevelStop(None, None, self.budget.deadline if self.budget is not None else None, box, self.clock)
         result = self._send(requests, math.inf, warmup, seed, stop, concurrency)
@@ -540,14 +542,15 @@ def _turns_due(timed: list[RequestSpec], session_due: list[int]) -> list[int]:
 
 def margin(level: LevelOutcome, slo: dict[str, float], capacity: float | None) -> float | None:
     """How far a level is from its limit, the largest of: each SLO's log(p99 / bound), and log(rate / what the
-    server sustains): its completions where it fell behind, else the capacity. Negative: room; None: unknown."""
+    server sustains): its completions where it fell behind, else (a level that did not pass) the capacity.
+    Negative: room; None: unknown."""
     m = level.metrics
     if not m.completed:
         return None
     margins = [math.log(p99 / bound) for name, bound in slo.items() if (p99 := latency(name).p99(m)) > 0]
     if fell_behind(m.keep_up_ratio, m.keep_up_se):
         margins.append(-math.log(max(m.keep_up_ratio or 0.0, 1e-3)))
-    elif capacity:
+    elif capacity and not level.passed:  # a pass above the capacity shows the capacity measured low
         margins.append(math.log(level.rate / capacity))
     return max(margins, default=None)
 
