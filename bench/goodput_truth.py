@@ -47,9 +47,10 @@ def records_of(result: dict) -> list[RequestRecord]:
             continue
         sent = int(start * 1e9)
         chunks = sent + (np.cumsum([result["ttfts"][i], *result["itls"][i]]) * 1e9).astype(np.int64)
+        latency = result.get("latencies") or result.get("e2els")  # vLLM versions name it either way
+        end = sent + int(latency[i] * 1e9) if latency else int(chunks[-1])
         out.append(RequestRecord(index=i, prompt_len=result["input_lens"][i], expected_output_len=0, warmup=False,
-                                 scheduled_ns=sent, start_ns=sent, chunk_ns=chunks.tolist(),
-                                 end_ns=sent + int(result["latencies"][i] * 1e9),
+                                 scheduled_ns=sent, start_ns=sent, chunk_ns=chunks.tolist(), end_ns=end,
                                  output_tokens=result["output_lens"][i]))
     return out
 

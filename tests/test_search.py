@@ -123,10 +123,17 @@ def test_rate_search_steps_down_from_near_the_capacity_until_a_rate_passes():
 
 
 def test_the_next_rate_follows_the_levels_margins():
-    # a fail whose p99 is 20% over its bound steps down ~30%; one 3x over, by half
+    # a fail whose p99 is 20% over its bound steps down to 1 / 1.2 of its rate; 5% over, by 15% at least; 3x over,
+    # by half at most
     over = RateSearch(capacity=10.0)
     over.tell(9.0, False, margin=math.log(1.2))
-    assert over.next_rate() == pytest.approx(9.0 / 1.2 ** 2)
+    assert over.next_rate() == pytest.approx(9.0 / 1.2)
+    near = RateSearch(capacity=10.0)
+    near.tell(9.0, False, margin=math.log(1.05))
+    assert near.next_rate() == pytest.approx(9.0 * 0.85)
+    bigger = RateSearch(capacity=10.0)
+    bigger.tell(9.0, False, far=True, margin=math.log(1.5))  # failed by far, but its margin says how far
+    assert bigger.next_rate() == pytest.approx(9.0 / 1.5)
     far = RateSearch(capacity=10.0)
     far.tell(9.0, False, margin=math.log(3.0))
     assert far.next_rate() == pytest.approx(4.5)
@@ -134,9 +141,9 @@ def test_the_next_rate_follows_the_levels_margins():
     room = RateSearch(capacity=10.0)
     room.tell(4.0, True, margin=math.log(0.5))
     assert room.next_rate() == pytest.approx(6.0)
-    near = RateSearch(capacity=10.0)
-    near.tell(4.0, True, margin=math.log(0.95))
-    assert near.next_rate() == pytest.approx(4.0 * 1.1)
+    close = RateSearch(capacity=10.0)
+    close.tell(4.0, True, margin=math.log(0.95))
+    assert close.next_rate() == pytest.approx(4.0 * 1.1)
     # inside a bracket: the root of the line through the two margins, a little below it
     both = RateSearch(capacity=10.0)
     both.tell(6.0, True, margin=-0.3)

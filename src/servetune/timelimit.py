@@ -15,7 +15,8 @@ the head-to-head. The plan keeps these rules:
 - Another trial is launched while a launch and its first deciding level still fit. Every trial gets its first
   verdict; after it, a trial goes on only while every trial left in the budget keeps that room and a deciding level
   as long as the one it would start (a later trial's search runs at like rates), and one after which no other would
-  fit uses what is left to sharpen its own rate (`LevelBudget.refines`).
+  fit uses what is left to sharpen its own rate (`LevelBudget.refines`). vLLM's defaults come first and are searched
+  until they hold a rate, then keep that room for one trial only: every answer is measured against their rate.
 - The head-to-head's time is kept only once a candidate has passed where it would be needed (`Keep`): at or
   above the defaults' goodput bracket, below every rate their own search failed at.
 """
@@ -194,12 +195,14 @@ class TimePlan:
     def budget(self, *, reserve_s: float, keep: Keep | None, next_trial_s: float, after: int,
                baseline: bool) -> LevelBudget | None:
         """The budget of a trial submitted now (None without a limit); its deciding levels are held to a trial's share
-        of the limit (vLLM's defaults, the `baseline`, once they hold a rate)."""
+        of the limit (vLLM's defaults, the `baseline`, once they hold a rate). The baseline keeps room for one trial
+        after it, not for every one the budget holds: every answer is measured against the rate it holds, so that
+        rate is searched to its end first, and the candidates get the time that is left."""
         if self.deadline is None:
             return None
         return LevelBudget(deadline=self.deadline - reserve_s, level_s=self.level_s,
                            share_s=LEVELS_PER_TRIAL * self.level_s, baseline=baseline, keep=keep,
-                           next_trial_s=next_trial_s, after=after)
+                           next_trial_s=next_trial_s, after=min(after, 1) if baseline else after)
 
     def describe(self, first_level_s: float, budget_left: int, reserve_s: float = 0.0) -> str:
         """One line: the time left and what it affords."""

@@ -64,6 +64,7 @@ async def run_load(
     `request_rate` is then the rate offered in req/s.
     """
     n_warmup = min(shape.warmup_requests, len(requests))
+    _open_files(shape.max_concurrency or len(requests))
     sessions = _sessions(requests, n_warmup)
     due_ns, offered_rate = due_times(requests[n_warmup:], len(sessions), shape.request_rate, shape.burstiness,
                                       shape.seed)
@@ -207,6 +208,19 @@ async def _signals_cancel(work: Awaitable[LoadResult]) -> LoadResult:
     if caught:  # also where the work took the cancel as a stop and returned what it had
         raise Interrupted(caught[0])
     return result
+
+
+def _open_files(connections: int) -> None:
+    """Raise this process's limit of open files (to its hard limit at most) to hold `connections` sockets and some
+    to spare: a closed loop of 1,024 requests needs more than the 1,024 many systems allow by default."""
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = connections + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(hard, want),
+                                                        hard))
 
 
 class _Slots:

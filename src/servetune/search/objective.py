@@ -14,8 +14,9 @@ class RateSearch:
     A level's `margin` (`trial.run.margin`) is how far it is from its limit: log(p99 / bound) of its closest SLO, or
     of its rate over what the server sustains; negative where it has room. The search starts at `start_fraction` of
     the measured capacity. Until a rate passes, each failed rate is followed by one lower by its margin (a level
-    whose p99 is 20% over its bound is followed by one ~30% lower), at most by `step_down`, at least by `step_far`
-    (always after a level that failed by far: most of its requests over a bound, or saturated). Until a rate fails,
+    whose p99 is 20% over its bound is followed by one at 1 / 1.2 of its rate), by at least `step_down` and at most
+    `step_far` (without a margin, by `step_far` after a level that failed by far: most of its requests over a bound,
+    or saturated). Until a rate fails,
     each passed rate is followed by one higher by its margin, at most by `step_up`. Between the highest passing and
     the lowest failing rate, the next is where the line through their margins crosses zero (`solve_sla`'s root, as
     AIPerf and vLLM's sweep find it; an end kept twice has its margin halved, as in the Illinois method, so that a
@@ -84,12 +85,12 @@ class RateSearch:
         return self._between(self.passed, self.failed)
 
     def _down(self) -> float:
-        """The factor to the next rate below the lowest failure, from its margin."""
-        if self.far and self.far[-1]:
-            return self.step_far
+        """The factor to the next rate below the lowest failure, from its margin: where its p99 is 20% over its
+        bound, 1 / 1.2 (as a latency that grows in proportion to the rate would have it)."""
         m = self.margins.get(self.failed)
-        factor = self.step_down if m is None else math.exp(-2 * max(m, 0.0))
-        return min(self.step_down, max(self.step_far, factor))
+        if m is None:
+            return self.step_far if self.far and self.far[-1] else self.step_down
+        return min(self.step_down, max(self.step_far, math.exp(-max(m, 0.0))))
 
     def _up(self) -> float:
         """The factor to the next rate above the highest pass, from its margin."""

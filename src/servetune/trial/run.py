@@ -10,7 +10,7 @@ candidate given a `race` (the best goodput rate measured so far) is measured the
 the fail-early test: it loses in seconds, or passes and is measured next at the rate that would beat the best, and
 searched upward from there. A head-to-head trial measures fixed (rate, seed) levels.
 
-A level at a finite rate is sized in time: its arrivals last its fill (the p90 latency its replies take), a steady
+A level at a finite rate is sized in time: its arrivals last its fill (the p99 latency its replies take), a steady
 window whose requests its verdict counts (`servetune.measure.verdict`) and over which its keeping up is judged
 (`servetune.measure.steady`), and a tail under the same load while the window's last replies finish; it ends
 when every request of its window has finished, or its verdict failed. The window holds `requests` requests (at
@@ -61,7 +61,7 @@ NEAR_CAPACITY = 0.85  # ... at a rate this close to the capacity or above it; be
 TAIL_SPARE = 1.5  # arrivals go on this many p99 latencies past the window: its last replies finish under load
 POOL_LEVELS = 6  # the prompt pool holds this many levels of `requests`
 EXTEND = 4  # a level undecided with its p99s within their bounds counts on to this many windows (`LevelTest`)
-DRAIN_GUESS_S = 10.0  # a level's p90 latency before any level was measured
+DRAIN_GUESS_S = 10.0  # a level's p99 latency before any level was measured
 FILL_SPARE = 5  # requests beyond what a pass rests on (`--level-requests` must leave room for a fill)
 
 
@@ -127,17 +127,21 @@ def least_requests(plan: TrialPlan, rate_per_s: float) -> int:
 
 @dataclass(frozen=True)
 class Latency:
-    """What a level's requests take end to end (s), as the levels so far measured it: the p90 (its fill) and the
-    p99 (its tail), and the mean (for the keep-up test's window)."""
+    """What a level's requests take end to end (s), as the levels so far measured it: the p99 (its fill, over which
+    the requests in flight grow to their steady number, and its tail) and the mean (for the keep-up test's
+    window)."""
 
-    p90_s: float = DRAIN_GUESS_S
     p99_s: float = DRAIN_GUESS_S
     mean_s: float = DRAIN_GUESS_S
 
     @property
     def overhead_s(self) -> float:
         """What a level takes beyond its window: the fill and the tail."""
-        return self.p90_s + self.p99_s
+        return 2 * self.p99_s
+
+    @classmethod
+    def of(cls, level: LevelOutcome) -> "Latency":
+        return cls(p99_s=level.metrics.p99_e2el_ms / 1000, mean_s=level.metrics.mean_e2el_ms / 1000)
 
 
 def level_seconds(plan: TrialPlan, rate_per_s: float, e2e: Latency) -> float:
@@ -324,6 +328,7 @@ class Levels:
         self.cut: str | None = None
         self.needed_s: float | None = None  # what the level the time limit left unmeasured needed
         self.capacity: float | None = None  # at full load, in the study's rate unit: the search's upper bound
+        self.full_batch: Latency | None = None  # the capacity level's requests' decode times
 
     def measure(self) -> RateSearch | None:
         """Every level of the plan: its fixed ones (a head-to-head), its capacity (objective throughput), or the
@@ -399,14 +404,11 @@ class Levels:
 
     def latency(self) -> Latency:
         """What the next level's requests take end to end (`Latency`): as the last level at a finite rate measured
-        it, else the capacity level (a full batch: an upper bound)."""
-        measured = [lv for lv in self.levels if lv.metrics.completed]
-        finite = [lv for lv in measured if math.isfinite(lv.rate)]
-        last = (finite or measured or [None])[-1]
-        if last is None:
-            return Latency()
-        m = last.metrics
-        return Latency(p90_s=m.p90_e2el_ms / 1000, p99_s=m.p99_e2el_ms / 1000, mean_s=m.mean_e2el_ms / 1000)
+        it, else the capacity level's decode times (a full batch: an upper bound; its queue left out)."""
+        finite = [lv for lv in self.levels if lv.metrics.completed and math.isfinite(lv.rate)]
+        if finite:
+            return Latency.of(finite[-1])
+        return self.full_batch or Latency()
 
     def pool(self, index: int) -> list[RequestSpec]:
         """Level `index`'s requests: the pool from a place of its own (sessions and traces: from the start, in
@@ -432,9 +434,9 @@ class Levels:
         if sized is None:
             return None
         window_s, longest_s = sized[0] / per_s, sized[1] / per_s
-        pool_s = (len(requests) - warmup) / per_s - e2e.p90_s - TAIL_SPARE * e2e.p99_s  # what the pool holds
+        pool_s = (len(requests) - warmup) / per_s - (1 + TAIL_SPARE) * e2e.p99_s  # what the pool holds
         longest_s = longest_s if min(longest_s, pool_s) >= 2 * window_s else window_s
-        scheduled = min(len(requests) - warmup, math.ceil(per_s * (e2e.p90_s + longest_s + TAIL_SPARE * e2e.p99_s)))
+        scheduled = min(len(requests) - warmup, math.ceil(per_s * (longest_s + (1 + TAIL_SPARE) * e2e.p99_s)))
         timed = requests[warmup: warmup + scheduled]
         due = due_times(timed, 0 if not self.plan.workload.sessions else len({r.session for r in timed}),
                         rate, self.plan.workload.burstiness, seed)[0]
@@ -444,7 +446,7 @@ class Levels:
         for attempt in range(2):  # a level the client could not send on time is sent once more
             self.hooks.level_started(name, rate, scheduled + warmup)
             test = (LevelTest(self.plan.slo, first=min(self.plan.levels.min_requests, sized[0]), due_ns=due,
-                              window_ns=int(window_s * 1e9), fill_ns=int(e2e.p90_s * 1e9), first_index=warmup,
+                              window_ns=int(window_s * 1e9), fill_ns=int(e2e.p99_s * 1e9), first_index=warmup,
                               confidence=self.plan.levels.confidence, longest_ns=int(longest_s * 1e9))
                     if self.plan.slo else None)
             saturated = saturation_check(self.plan.slo, per_s, scheduled / per_s, self.clock)
@@ -497,6 +499,9 @@ class Levels:
         stop = LevelStop(None, None, self.budget.deadline if self.budget is not None else None, box, self.clock)
         result = self._send(requests, math.inf, warmup, seed, stop, concurrency)
         timed = [r for r in result.load.records if not r.warmup]
+        decode = [(e2el_ms(r) - ttft_ms(r)) / 1000 for r in timed if r.ok and r.chunk_ns]
+        if decode:
+            self.full_batch = Latency(p99_s=float(np.percentile(decode, 99)), mean_s=float(np.mean(decode)))
         mean_output = statistics.mean(r.output_len for r in requests) if requests else 0.0
         per_s = capacity(timed, box.opened_ns, mean_output)
         if per_s is not None:

@@ -546,10 +546,7 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
 def _latency(outcome: TrialOutcome) -> Latency:
     """What requests take end to end at a trial's goodput rate (`trial.run.Latency`)."""
     level = deciding_level(outcome, outcome.goodput_rate)
-    if level is None:
-        return Latency()
-    m = level.metrics
-    return Latency(p90_s=m.p90_e2el_ms / 1000, p99_s=m.p99_e2el_ms / 1000, mean_s=m.mean_e2el_ms / 1000)
+    return Latency() if level is None else Latency.of(level)
 
 
 def _launches(record: StudyRecord) -> list[tuple[dict, int]]:
