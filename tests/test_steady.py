@@ -96,3 +96,20 @@ def test_a_stationary_server_keeps_up_and_one_past_its_capacity_falls_behind(sha
         verdicts.append(keeping_up_unshown(steady.ratio, steady.se) is None if keeps_up
                         else fell_behind(steady.ratio, steady.se) is not None)
     assert sum(verdicts) >= 0.95 * len(verdicts), sum(verdicts)
+
+
+def test_a_batch_still_growing_is_not_a_queue_without_end():
+    # 10 req/s; each request takes 1 s at first, 8 s from 20 s on (a batch growing, every step slower), the window
+    # opening at 10 s: over the whole window 88% of arrivals completed, over its second half all of them
+    records = [rec(i, 100 * i, 100 * i + 1000 * min(8.0, 1 + 7 * (100 * i) / 20_000)) for i in range(700)]
+    steady = keep_up(records, window(10_000, 50_000))
+    assert steady.ratio < 0.92 and steady.late_ratio == pytest.approx(1.0, abs=0.01)
+    assert fell_behind(steady.ratio, steady.se) is not None  # near its capacity: behind, as a queue would be
+    assert fell_behind(steady.ratio, steady.se, steady.late_ratio) is None  # well below it: a batch still growing
+    # a queue that grows without end is behind in both halves
+    queue, free = [], 0.0
+    for i in range(700):
+        free = max(100 * i + 300, free + 1000 / 8.5)
+        queue.append(rec(i, 100 * i, free))
+    steady = keep_up(queue, window(10_000, 50_000))
+    assert fell_behind(steady.ratio, steady.se, steady.late_ratio) is not None

@@ -99,6 +99,7 @@ class LevelMetrics(BaseModel):
     steady_request_rate: float | None
     keep_up_ratio: float | None
     keep_up_se: float | None
+    keep_up_late_ratio: float | None = None
     ttft_ms_per_prompt_token: float | None = None
     ttft_ms_per_prompt_token_se: float | None = None
     per_turn: dict[str, TurnMetrics] | None = None
@@ -245,7 +246,7 @@ def summarize(
     `p99_schedule_lag_ms` (`schedule_lag_ms` of every sent timed request), `late_requests` (those more than
     LATE_MS late), `client_lagging` (p99 schedule lag above SCHEDULE_LAG_BOUND_MS: the level measured the
     client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`
-    (`steady.keep_up` over `window`, default `default_window`), `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
+    (`steady.keep_up` over `window`, default `default_window`; `keep_up_late_ratio` over its second half), `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
     """
     timed = [r for r in result.records if not r.warmup]
     ok = [r for r in timed if r.ok]
@@ -290,6 +291,7 @@ def summarize(
         "steady_request_rate": steady.steady_request_rate if steady else None,
         "keep_up_ratio": steady.ratio if steady else None,
         "keep_up_se": steady.se if steady else None,
+        "keep_up_late_ratio": steady.late_ratio if steady else None,
         "ttft_ms_per_prompt_token": slope,
         "ttft_ms_per_prompt_token_se": slope_se,
         "per_turn": per_turn(result.records) or None,

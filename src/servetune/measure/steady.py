@@ -49,26 +49,37 @@ def in_flight(records: Sequence[RequestRecord], times_ns: np.ndarray) -> np.ndar
 
 @dataclass(frozen=True)
 class KeepUp:
-    """Whether the server kept up over a window (see the module's docstring): all None without an arrival in it."""
+    """Whether the server kept up over a window (see the module's docstring): all None without an arrival in it.
+    `late_ratio`: the same ratio over the window's second half (None: no arrival there)."""
 
     steady_request_rate: float | None  # completions per second in the window
     ratio: float | None  # completions per arrival in the window [1: the server keeps up]
     se: float | None  # the standard error of `ratio`
+    late_ratio: float | None = None
 
 
 def keep_up(records: Sequence[RequestRecord], window: Window, burstiness: float = 1.0) -> KeepUp:
-    """The keep-up ratio over `window` of a level's timed records (every sent one: cancelled ones included)."""
+    """The keep-up ratio over `window` of a level's timed records (every sent one: cancelled ones included), and over
+    its second half (`fell_behind`)."""
+    rate, ratio, se = _ratio(records, window, burstiness)
+    late = _ratio(records, Window((window.start_ns + window.end_ns) // 2, window.end_ns), burstiness)[1]
+    return KeepUp(rate, ratio, se, late)
+
+
+def _ratio(records: Sequence[RequestRecord], window: Window,
+           burstiness: float) -> tuple[float | None, float | None, float | None]:
+    """(completions per second, completions per arrival, its standard error) over `window`."""
     if not records or window.end_ns <= window.start_ns:
-        return KeepUp(None, None, None)
+        return None, None, None
     a, b = window.start_ns, window.end_ns
     arrivals = sum(a < r.start_ns <= b for r in records)
     if not arrivals:
-        return KeepUp(None, None, None)
+        return None, None, None
     grown = int(np.diff(in_flight(records, np.array([a, b])))[0])
     completions = arrivals - grown
     seconds = window.seconds
-    return KeepUp(completions / seconds, completions / arrivals,
-                  math.sqrt(_growth_variance(records, window, arrivals / seconds, burstiness)) / arrivals)
+    return (completions / seconds, completions / arrivals,
+            math.sqrt(_growth_variance(records, window, arrivals / seconds, burstiness)) / arrivals)
 
 
 def _growth_variance(records: Sequence[RequestRecord], window: Window, rate: float, burstiness: float) -> float:
@@ -92,13 +103,17 @@ def keep_up_window_s(rate: float, mean_sojourn_s: float, burstiness: float = 1.0
     return KEEP_UP_Z * math.sqrt(variance) / (0.02 * rate)
 
 
-def fell_behind(ratio: float | None, se: float | None) -> str | None:
+def fell_behind(ratio: float | None, se: float | None, late_ratio: float | None = None) -> str | None:
     """Why a keep-up ratio says the server fell behind, or None: it did when even the ratio's one-sided 95% upper
-    bound is below KEEP_UP_FRACTION."""
+    bound is below KEEP_UP_FRACTION, and, where `late_ratio` is given, the window's second half completed fewer
+    than that share of its arrivals too. A level well below its trial's capacity gives it: near its capacity a
+    bigger batch makes every step slower, so a batch grows toward its steady size over many latencies, and a level
+    whose window opened while it still grew has stopped growing by its second half; a queue that grows without end
+    has not."""
     if ratio is None:
         return "fell behind: no request arrived in the level's steady part"
     high = ratio + KEEP_UP_Z * (se or 0.0)
-    if high >= KEEP_UP_FRACTION:
+    if high >= KEEP_UP_FRACTION or (late_ratio is not None and late_ratio >= KEEP_UP_FRACTION):
         return None
     return (f"fell behind: completed {100 * ratio:.0f}% of arrivals"
             + (f", at most {100 * high:.0f}% within noise" if se else ""))

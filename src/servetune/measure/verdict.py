@@ -475,7 +475,7 @@ def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequen
     trial measured at full load (`below_capacity`), by that measurement; else undecided (a test still open at the
     end of the window or at the time limit, keeping up not shown)."""
     short = metrics.errors.get("short", 0)
-    hard = fail_reasons(metrics, slo, short, tests)
+    hard = fail_reasons(metrics, slo, short, tests, below_capacity)
     if stopped == "saturated":
         hard.append("cut short: saturated")
     open_tests = [t for t in tests or [] if t.decision == Decision.UNDECIDED] + [
@@ -496,17 +496,24 @@ def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequen
                         rejected=rejected_requests(metrics) + short)
 
 
+def level_fell_behind(metrics: LevelMetrics, below_capacity: bool) -> str | None:
+    """Why a level fell behind (`steady.fell_behind`), its window's second half counted where it ran well below its
+    trial's capacity."""
+    return fell_behind(metrics.keep_up_ratio, metrics.keep_up_se,
+                       metrics.keep_up_late_ratio if below_capacity else None)
+
+
 def rejected_requests(metrics: LevelMetrics) -> int:
     """Requests the server refused as invalid for this config (HTTP 4xx: too long for max-model-len, ...)."""
     return sum(n for kind, n in metrics.errors.items() if kind.startswith("http_4"))
 
 
 def fail_reasons(metrics: LevelMetrics, slo: Mapping[str, float], short_replies: int = 0,
-                 tests: Sequence[SloTest] | None = None) -> list[str]:
+                 tests: Sequence[SloTest] | None = None, below_capacity: bool = False) -> list[str]:
     """Why a level fails (empty when nothing fails it). With `tests` (the level's statistical tests) each SLO is
     judged by its test, and a failed one is a reason; without them, by the level's p99 against its bound. A level
     must also keep up: finish its requests without errors and, in its steady part, complete >= 95% as many
-    requests as arrive, or fall short by no more than its own noise (`fell_behind`); an overloaded level can meet
+    requests as arrive, or fall short by no more than its own noise (`level_fell_behind`); an overloaded level can meet
     latency SLOs while its queue is still filling.
     Requests the config rejects, replies cut short of max_tokens and a client that fell behind its own
     schedule (`client_lagging`) are named apart from server-side failures."""
@@ -526,7 +533,7 @@ def fail_reasons(metrics: LevelMetrics, slo: Mapping[str, float], short_replies:
         reasons.append(f"client fell behind its schedule (p99 lag {metrics.p99_schedule_lag_ms:.0f} ms): "
                        "not a measurement of the server")
     if math.isfinite(metrics.offered_request_rate) and (
-            behind := fell_behind(metrics.keep_up_ratio, metrics.keep_up_se)):
+            behind := level_fell_behind(metrics, below_capacity)):
         steady = metrics.steady_request_rate or 0.0
         reasons.append(f"{behind} ({steady:.2f} of {metrics.offered_request_rate:.2f} req/s)")
     return reasons

@@ -36,8 +36,8 @@ from servetune.loadgen import LoadShape, RequestRecord
 from servetune.loadgen.runner import due_times
 from servetune.measure.metrics import e2el_ms, summarize, tpot_ms, ttft_ms
 from servetune.measure.slo import TPOT, TTFT, Objective, latency
-from servetune.measure.steady import Window, fell_behind, keep_up_window_s
-from servetune.measure.verdict import Decision, LevelTest, least_counted, level_verdict
+from servetune.measure.steady import Window, keep_up_window_s
+from servetune.measure.verdict import Decision, LevelTest, least_counted, level_fell_behind, level_verdict
 from servetune.search.objective import RateSearch
 from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
 from servetune.timelimit import Clock, LevelBudget, duration
@@ -553,7 +553,8 @@ def margin(level: LevelOutcome, slo: dict[str, float], capacity: float | None) -
     if not m.completed:
         return None
     margins = [math.log(p99 / bound) for name, bound in slo.items() if (p99 := latency(name).p99(m)) > 0]
-    if fell_behind(m.keep_up_ratio, m.keep_up_se):
+    below = bool(capacity) and level.rate <= NEAR_CAPACITY * capacity
+    if level_fell_behind(m, below):
         margins.append(-math.log(max(m.keep_up_ratio or 0.0, 1e-3)))
     elif capacity and not level.passed:  # a pass above the capacity shows the capacity measured low
         margins.append(math.log(level.rate / capacity))
