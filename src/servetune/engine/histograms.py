@@ -39,6 +39,12 @@ class Quantile(BaseModel):
     low_ms: float
     high_ms: float | None
 
+    def span(self) -> str:
+        """Where the quantile lies, e.g. "100-250 ms" or "over 5,000 ms"."""
+        if self.high_ms is None:
+            return f"over {self.low_ms:,.0f} ms"
+        return f"{self.low_ms:,.0f}-{self.high_ms:,.0f} ms"
+
     def holds(self, value_ms: float) -> bool:
         """Whether a client's value of this quantile could be the server's: inside its range, each end widened by
         CLIENT_SLACK_MS or CLIENT_SLACK of it, whichever is more."""
