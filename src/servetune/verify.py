@@ -396,8 +396,9 @@ def write_dataset(path: Path, requests: list[RequestSpec]) -> None:
 def vllm_bench_argv(engine: Engine, plan: VerifyPlan, dataset: Path, result: Path) -> list[str]:
     """`vllm bench serve` against `engine` with the prompts and reply lengths of `dataset`, in its order, at the
     plan's rate, burstiness and concurrency, without its ready-check request (the server is warm and its
-    prefix cache empty); its JSON is saved to `result`. The server's secret is not in it (a command line is
-    public): `run_vllm_bench` passes it in the environment (OPENAI_API_KEY, which vLLM's client sends)."""
+    prefix cache empty); its JSON is saved to `result`, with each request's TTFT, gaps and start
+    (`--save-detailed`). The server's secret is not in it (a command line is public): `run_vllm_bench` passes it
+    in the environment (OPENAI_API_KEY, which vLLM's client sends)."""
     spec = plan.workload
     chat = spec.endpoint == "chat"
     return [
@@ -411,7 +412,7 @@ def vllm_bench_argv(engine: Engine, plan: VerifyPlan, dataset: Path, result: Pat
         *(["--max-concurrency", str(spec.max_concurrency)] if spec.max_concurrency else []),
         "--ignore-eos", "--seed", str(spec.seed), "--ready-check-timeout-sec", "0",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-        "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
+        "--save-result", "--save-detailed", "--result-dir", str(result.parent), "--result-filename", result.name,
     ]
 
 
