@@ -66,13 +66,13 @@ def test_scrapes_of_different_buckets_do_not_difference():
 
 
 @pytest.mark.parametrize(("value_ms", "holds"), [
-    (89.0, False), (91.0, True), (250.0, True), (274.0, True), (276.0, False),  # 100 - 10 .. 250 + 25
+    (89.0, False), (91.0, True), (250.0, True), (274.0, True), (276.0, False),  # 100 - max(10, 10) .. 250 + 25
 ])
 def test_a_client_value_holds_inside_the_range_give_or_take_its_own_path(value_ms, holds):
     assert Quantile(estimate_ms=137.5, low_ms=100.0, high_ms=250.0).holds(value_ms) is holds
 
 
-def test_a_small_range_allows_the_clients_5_ms():
-    assert Quantile(estimate_ms=8.0, low_ms=5.0, high_ms=10.0).holds(14.9)  # 10 + max(5, 1)
-    assert not Quantile(estimate_ms=8.0, low_ms=5.0, high_ms=10.0).holds(15.1)
+def test_a_small_range_allows_the_clients_10_ms():
+    assert Quantile(estimate_ms=30.0, low_ms=20.0, high_ms=40.0).holds(49.9)  # 40 + max(10, 4)
+    assert not Quantile(estimate_ms=30.0, low_ms=20.0, high_ms=40.0).holds(50.1)
     assert Quantile(estimate_ms=1000.0, low_ms=500.0, high_ms=None).holds(1e6)

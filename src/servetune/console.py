@@ -320,7 +320,7 @@ def _clients_table(result: "VerifyResult") -> Table:
 
 def _slo_table(result: "VerifyResult") -> Table:
     """SLO | servetune | server | vllm bench | server: each client's p99 and verdict, the server's p99 range."""
-    table = _verify_columns(Table(title="SLOs: each client's p99 (ms) and verdict, the server's p99 over its run"))
+    table = _verify_columns(Table(title="SLOs: p99 (ms) and verdict; the server's p99 over each run"))
     theirs = {check.name: check for check in result.vllm.slo} if result.vllm else {}
     for ours in result.servetune.slo:
         cells = [cell for check in (ours, theirs.get(ours.name)) for cell in (

@@ -24,8 +24,11 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "e2el": ("vllm:e2e_request_latency_seconds",),
     "queue": ("vllm:request_queue_time_seconds",),
 }
-CLIENT_SLACK_MS = 5.0  # what a client's own HTTP path may add to the server's time (`Quantile.holds`)
-CLIENT_SLACK = 0.10  # ... or this fraction of it, whichever is more
+# What a client may see beyond the server's clock (`Quantile.holds`): the API server's HTTP, tokenizing and streaming,
+# and the client's own path; on the 2-core VM a client's mean TTFT is the server's + 2.9 to 5.7 ms
+# (docs/results/verify-clients.md, bench-vs-vllm.md)
+CLIENT_SLACK_MS = 10.0
+CLIENT_SLACK = 0.10  # ... or this fraction of the value, whichever is more
 
 
 class Quantile(BaseModel):
