@@ -25,7 +25,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "queue": ("vllm:request_queue_time_seconds",),
 }
 # What a client may see beyond the server's clock (`Quantile.holds`): the API server's HTTP, tokenizing and streaming,
-# and the client's own path; on the 2-core VM a client's mean TTFT is the server's + 2.9 to 5.7 ms
+# and the client's own path; on the 2-core VM a client's mean TTFT is the server's + 2.3 to 5.7 ms
 # (docs/results/verify-clients.md, bench-vs-vllm.md)
 CLIENT_SLACK_MS = 10.0
 CLIENT_SLACK = 0.10  # ... or this fraction of the value, whichever is more
