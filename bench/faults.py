@@ -860,16 +860,16 @@ def run_case(case: Case) -> tuple[str, bool, float]:
 
 
 def port_lock_files() -> set[str]:
-    from servetune.engine import launcher
+    from servetune.engine.ports import port_locks
 
-    return set(os.listdir(launcher.port_locks())) if launcher.port_locks().exists() else set()
+    return set(os.listdir(port_locks()))
 
 
 def leftovers(locks_before: set[str]) -> str:
     """Our vLLM processes still alive and the port lock files left, after the next reservation's sweep."""
-    from servetune.engine import launcher
+    from servetune.engine.ports import release_port, reserve_port
 
-    launcher.release_port(*launcher.reserve_port())
+    release_port(*reserve_port())
     procs = [p.split()[0] + " " + p.split()[1] for p in vllm_processes()]
     return ", ".join([*procs, *sorted(port_lock_files() - locks_before)]) or "none"
 

@@ -75,6 +75,8 @@ class BenchArgs(_Args):
             raise UsageError("give exactly one of --base-url URL (a running server) or --launch")
         if self.engine_arg and not self.launch:
             raise UsageError("--engine-arg needs --launch")
+        if self.launch:
+            check_lock_directory()
         model = local_model(self.model) if self.launch else self.model
         return BenchOptions(json_out=self.json_out, model=model, workload=self._workload(), base_url=self.base_url,
                             goodput_slo=self._goodput_slo(), engine_args=engine_args(self.engine_arg),
@@ -162,6 +164,7 @@ class TuneArgs(_Args):
 
         if self.strategy not in REGISTRY:
             raise UsageError(f"--strategy: unknown strategy {self.strategy!r}; choose from {', '.join(REGISTRY)}")
+        check_lock_directory()
         slo_pairs = pairs(self.slo, "--slo")
         with about("--slo"):
             slos = parse_slo(slo_pairs)
@@ -343,6 +346,7 @@ class VerifyArgs(_Args):
                               tune_note=tuned.note if tuned else None)
         json_out = self.json_out or self.out / "verify.json"
         writable(json_out, "--json")
+        check_lock_directory()
         return plan, json_out
 
 
@@ -403,6 +407,14 @@ def check_study_url(study: str | None) -> None:
         raise UsageError("--study: the password holds an unescaped '@' (SQLAlchemy would take what follows it for "
                          "the host): write it as %40")
     storage_url(study)
+
+
+def check_lock_directory() -> None:
+    """Before any work, a launch's port-lock directory made (or found) this user's alone (`servetune.private`); a
+    neighbour's in its place is refused in one line."""
+    from servetune.engine.ports import port_locks
+
+    port_locks()
 
 
 def check_timeout(request_timeout: float | None) -> float | None:

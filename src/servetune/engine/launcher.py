@@ -1,14 +1,11 @@
 """Launch a vLLM OpenAI-compatible server that only servetune may use, wait until it is ready, and always stop it."""
 
 import atexit
-import fcntl
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -22,6 +19,7 @@ from servetune.engine._guard import GUARD_PARENT_ENV
 from servetune.engine.args import CPU_KVCACHE_SPACE, normalize, to_argv
 from servetune.engine.installed import InstalledVllm, probe
 from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, classify_failure, parse_startup
+from servetune.engine.ports import release_port, reserve_port
 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 _GUARD = Path(__file__).with_name("_guard.py")
@@ -40,71 +38,6 @@ class EngineFailed(RuntimeError):
     def __init__(self, failure: LaunchFailure):
         super().__init__(f"{failure.kind}: {failure.reason}")
         self.failure = failure
-
-
-def port_locks() -> Path:
-    """The directory of the port locks, sticky and world-writable like /tmp (found when first needed: a full
-    temporary directory fails the reservation, not the import)."""
-    return Path(tempfile.gettempdir()) / "servetune-port-locks"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
-    """A free port that no other servetune process on this host holds: (port, fd of its lock file); give it
-    back with `release_port`. The lock (flock, released when the fd closes or the process dies) keeps trials
-    running side by side, in one servetune or several, of any user, from handing the same port to two
-    servers. The lock directory is sticky and world-writable like /tmp, and a lock file is opened read-only,
-    so one user's files serve every user."""
-    locks = port_locks()
-    try:
-        locks.mkdir()
-        locks.chmod(0o1777)  # mkdir's mode is cut by the umask
-    except FileExistsError:
-        pass
-    _sweep_stale_locks()
-    while True:
-        port = free_port(host)
-        path = locks / f"{port}.lock"
-        fd = os.open(path, os.O_CREAT | os.O_RDONLY, 0o444)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                return port, fd
-        except (BlockingIOError, FileNotFoundError):
-            pass
-        os.close(fd)  # held by another, or unlinked by its releaser since we opened it
-
-
-def _sweep_stale_locks() -> None:
-    """Remove the lock files nobody holds: those of a servetune that was killed (SIGKILL) before releasing."""
-    for path in port_locks().glob("*.lock"):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                path.unlink()
-        except OSError:  # held, gone already, or another user's file in the sticky directory
-            pass
-        finally:
-            os.close(fd)
-
-
-def release_port(port: int, fd: int) -> None:
-    """Remove the lock file `reserve_port` made (others' files in the sticky directory stay) and unlock."""
-    try:
-        (port_locks() / f"{port}.lock").unlink()
-    except OSError:
-        pass
-    os.close(fd)
 
 
 def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[str, Any]:
