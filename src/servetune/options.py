@@ -385,10 +385,14 @@ def engine_args(values: Sequence[str]) -> dict[str, Any]:
 
 
 def checked_args(args: dict[str, Any], where: str) -> dict[str, Any]:
-    """Engine args with each value checked against what its declaration takes (`knobs.checked`); UsageError naming
-    `where`, the argument and what it takes, for the first bad one."""
+    """Engine args with each value checked against what its declaration takes (`knobs.checked`), and none of
+    servetune's own (`engine.args.SERVETUNES_OWN`); UsageError naming `where`, the argument and what it takes (or
+    what to use instead), for the first bad one."""
+    from servetune.engine.args import SERVETUNES_OWN
     from servetune.knobs import checked
 
+    if own := next((key for key in args if key in SERVETUNES_OWN), None):
+        raise UsageError(f"{where}: {own.replace('_', '-')}: {SERVETUNES_OWN[own]}")
     try:
         return {key: checked(key, value) for key, value in args.items()}
     except ValueError as e:
