@@ -380,8 +380,17 @@ def pairs(values: Sequence[str], option: str) -> dict[str, Any]:
 
 
 def engine_args(values: Sequence[str]) -> dict[str, Any]:
-    """--engine-arg's `key=value` pairs, each value checked against what its declaration takes (`knobs.checked`)."""
-    return checked_args(pairs(values, "--engine-arg"), "--engine-arg")
+    """--engine-arg's `key=value` pairs, each value checked against what its declaration takes (`knobs.checked`). A
+    `config=FILE` is read here (`read_config_yaml`), never by vLLM: its flags, under the pairs given beside it."""
+    args = pairs(values, "--engine-arg")
+    config = args.pop("config", None)
+    if config is None:
+        return checked_args(args, "--engine-arg")
+    if not isinstance(config, str) or not config:
+        raise UsageError(f"--engine-arg: config={config}: not the path of a vLLM config file")
+    with about("--engine-arg"):
+        from_file = read_config_yaml(Path(config))
+    return from_file | checked_args(args, "--engine-arg")
 
 
 def checked_args(args: dict[str, Any], where: str) -> dict[str, Any]:

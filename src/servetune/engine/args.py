@@ -27,6 +27,8 @@ SERVETUNES_OWN = {
     **dict.fromkeys(("ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "ssl_ciphers",
                      "enable_ssl_refresh"), _PLAIN),
     "headless": "servetune measures vLLM's API server, which a headless vLLM does not start",
+    "config": "servetune reads one config file itself (`--engine-arg config=FILE`): copy the flags of the other "
+              "into it",
 }
 
 
