@@ -427,7 +427,10 @@ def check_lock_directory() -> None:
     neighbour's in its place is refused in one line."""
     from servetune.engine.ports import port_locks
 
-    port_locks()
+    try:
+        port_locks()
+    except FileNotFoundError:  # no temporary directory can be written at all: the command's own write check says so
+        pass
 
 
 def check_timeout(request_timeout: float | None) -> float | None:
