@@ -4,6 +4,7 @@ that fills during the work is said in one line, exit 1, with the results kept wh
 temporary directory, a tune's in its study; no lock file left."""
 
 import errno
+import json
 import os
 import re
 import resource
@@ -171,3 +172,36 @@ def test_a_study_whose_disk_fills_during_the_tune_is_one_line_and_keeps_what_it_
     trials = optuna.load_study(study_name=STUDY_NAME, storage=default_storage(out)).trials
     assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].value == 5.0
     assert not list(full_disk.rglob("*.lock"))
+
+
+class RecordsUnwritable(StandIn):
+    """The second trial's level records cannot be written: the disk filled during it (its work raises ENOSPC, as
+    `LoadResult.save` does)."""
+
+    def submit(self, job):
+        if len(self.jobs) == 1:
+            self.jobs.append(job)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(job.out_dir / "level-01.records.jsonl"))
+        return super().submit(job)
+
+
+def test_a_disk_that_fills_during_a_trial_is_one_line_and_summary_json_says_what_was_kept(tiny_model, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """Issue 37, item 4: no OSError traceback, exit 1; summary.json is no longer `running`: it says the tune stopped
+    there, and keeps the trial measured before."""
+    out = tmp_path / "out"
+    monkeypatch.setattr("servetune.tuner.loop.make_executor", lambda *args: RecordsUnwritable({0: 5.0}, out))
+    monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
+    with pytest.raises(typer.Exit) as stop:
+        cli._tune_guarded(options(tiny_model, out, None, budget=2))
+    assert stop.value.exit_code == 1
+    err = capsys.readouterr().err
+    records = out / "trials" / "0001" / "level-01.records.jsonl"
+    assert " ".join(err[err.index("error: "):].split()) == (
+        f"error: the tune stopped: cannot write {records} (No space left on device); the study keeps what was "
+        f"measured before, and the outputs in {out} say so (state: interrupted): free space there and continue with "
+        "the same command and --resume")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["state"] == "interrupted" and summary["trials"] == 1
+    assert summary["not_done"] == [f"stopped: cannot write {records} (No space left on device): the trial running "
+                                   "then runs again on --resume"]

@@ -163,8 +163,8 @@ def _resumed(out) -> "tuple[float, object]":
 
 
 def _tune_guarded(opts: "TuneOptions") -> None:
-    """The tune, its errors in one line: a user's (exit 2), workers lost or a study storage that fails (a full
-    disk; exit 1), a stop (130/143)."""
+    """The tune, its errors in one line: a user's (exit 2), workers lost, a study storage that fails or a trial's
+    file that cannot be written (a full disk; exit 1), a stop (130/143)."""
     from optuna.exceptions import StorageInternalError
     from sqlalchemy.exc import OperationalError
 
@@ -182,6 +182,10 @@ def _tune_guarded(opts: "TuneOptions") -> None:
         fail(f"the study's storage failed ({cause}): what it was told before is kept in "
              f"{shown_url(opts.storage or default_storage(opts.out))}, the outputs in {opts.out} as last written; "
              "once it can be written again, continue with the same command and --resume", code=1)
+    except OSError as e:  # a disk that filled up during the tune (one that was full is refused before it)
+        fail(f"the tune stopped: cannot write {e.filename} ({e.strerror or e}); the study keeps what was measured "
+             f"before, and the outputs in {opts.out} say so (state: interrupted): free space there and continue "
+             "with the same command and --resume", code=1)
     except WorkerError as e:
         fail(str(e), code=1)
     except WorkerLost as e:  # the tuner queues a lost trial again: one that escapes it is said in a line all the same

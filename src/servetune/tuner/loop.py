@@ -99,8 +99,8 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
     limit holds no other launch, then the head-to-head; returns the summary (`results.Summary`), written with the
     other outputs (`report.publish`) after every trial and at the end. With `parallel` > 1 or a `ray_address`,
     several trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one
-    those options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`) the outputs are written with
-    state `interrupted` and the exception goes on."""
+    those options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`), or an OSError (a trial's files
+    on a disk that filled up), the outputs are written with state `interrupted` and the exception goes on."""
     clock = TimePlan(opts.time_limit_s, budget_trials=opts.budget, clock=runtime.clock)
     lock = _lock(opts)
     tuner = executor_made = None
@@ -119,9 +119,12 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
             if not (out_of_time and tuner.room_after_head_to_head()):
                 break
         return tuner.publish(TuneState.TIME_LIMIT if tuner.not_done else TuneState.COMPLETE)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, OSError) as e:  # a stop, or a write that failed (a disk that filled up)
         if tuner is not None:
-            tuner.not_done.append("interrupted: continue with the same command and --resume")
+            tuner.not_done.append("interrupted: continue with the same command and --resume"
+                                  if isinstance(e, KeyboardInterrupt) else
+                                  f"stopped: cannot write {e.filename} ({e.strerror}): the trial running then runs "
+                                  "again on --resume")
             tuner.publish(TuneState.INTERRUPTED)
         raise
     finally:
