@@ -293,3 +293,52 @@ def test_the_cli_says_a_lost_worker_in_one_line(monkeypatch, capsys):
         cli._tune_guarded(None)
     assert stop.value.exit_code == 1
     assert "a trial's worker was lost (ActorDiedError: the worker died)" in capsys.readouterr().err
+
+
+def test_a_resume_with_other_settings_is_refused_before_any_prompt_is_built(tiny_model, tmp_path, monkeypatch):
+    """Issue 37, item 6: the options that define the study are compared when the command line is read, before the
+    tokenizer is loaded (it took 112 s of prompts before); the same options pass that check."""
+    from servetune.options import TuneArgs
+
+    def no_prompts(*args, **kwargs):
+        raise AssertionError("prompts built before the options were compared")
+
+    args = TuneArgs(model=str(tiny_model), workload=tmp_path / "w.yaml", out=tmp_path / "out", slo=["tpot_p99_ms=25"],
+                    strategy="grid", budget=1, confirm=False, level_requests=400, max_levels=1)
+    (tmp_path / "w.yaml").write_text(json.dumps(WORKLOAD))
+    tune(args.resolve(), executor=StandIn({0: 5.0}, tmp_path / "out"))
+    monkeypatch.setattr("servetune.tuner.loop.load_tokenizer", no_prompts)
+    again = args.model_copy(update={"resume": True, "budget": 2})
+    assert again.resolve().levels.requests == 400
+    with pytest.raises(StudyError, match=r'^--resume: the level options \(.*\) differs from the study\'s: it was '
+                                         r'\{"requests": 400\}, now \{"requests": 500\}'):
+        again.model_copy(update={"level_requests": 500}).resolve()
+    with pytest.raises(StudyError, match=r"^--resume: --engine-arg differs"):
+        again.model_copy(update={"engine_arg": ["max-num-seqs=8"]}).resolve()
+
+
+def test_a_stop_before_a_resumed_tune_began_says_the_outputs_state_as_they_are(tiny_model, tmp_path, monkeypatch,
+                                                                               capsys):
+    """Issue 37, item 6: a SIGTERM while a --resume builds its prompts printed "state: interrupted" while
+    summary.json, untouched, still said complete: the line now says the state the outputs have."""
+    import signal
+
+    import typer
+
+    from servetune import cli
+    from servetune.interrupt import Interrupted
+
+    tune(options(tiny_model, tmp_path, budget=1, confirm=False), executor=StandIn({0: 5.0}, tmp_path / "out"))
+
+    def stopped(*args, **kwargs):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr("servetune.tuner.loop.load_tokenizer", stopped)
+    monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
+    with pytest.raises(typer.Exit) as stop:
+        cli._tune_guarded(options(tiny_model, tmp_path, budget=2, resume=True, confirm=False))
+    assert stop.value.exit_code == 143
+    err = " ".join(capsys.readouterr().err.split())
+    assert summary_of(tmp_path)["state"] == "complete"
+    assert err == (f"error: interrupted (SIGTERM); no server is left running; the outputs in {tmp_path / 'out'} are "
+                   "as they were (state: complete). Continue with the same command and --resume")

@@ -191,8 +191,18 @@ def _tune_guarded(opts: "TuneOptions") -> None:
     except WorkerLost as e:  # the tuner queues a lost trial again: one that escapes it is said in a line all the same
         fail(f"a trial's worker was lost ({e}): continue with the same command and --resume", code=1)
     except KeyboardInterrupt as e:
-        interrupted(e, f"; the outputs in {opts.out} say what was measured (state: interrupted). Continue with "
-                       "the same command and --resume")
+        interrupted(e, _outputs_as_left(opts.out))
+
+
+def _outputs_as_left(out) -> str:
+    """What a stopped tune left in `out`, as its summary.json says: written as interrupted, or untouched (stopped
+    before a resumed tune began), or none (before anything was measured)."""
+    try:
+        state = json.loads((out / "summary.json").read_text())["state"]
+    except (OSError, ValueError, KeyError):
+        return "; nothing was measured yet: run the same command again"
+    said = "say what was measured" if state == "interrupted" else "are as they were"
+    return f"; the outputs in {out} {said} (state: {state}). Continue with the same command and --resume"
 
 
 def _tune(opts: "TuneOptions") -> "Summary":

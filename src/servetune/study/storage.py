@@ -27,8 +27,9 @@ from servetune.private import private_dir
 from servetune.redact import redact, shown_url
 from servetune.study.record import StudyMeta, StudyRecord
 
-__all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_storage", "default_storage", "open_study",
-           "requeue_interrupted", "sqlite_file", "storage_url", "study_exists", "trial_dir", "tuner_of"]
+__all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_resumable", "check_storage", "default_storage",
+           "open_study", "requeue_interrupted", "sqlite_file", "storage_url", "stored_meta", "study_exists", "trial_dir",
+           "tuner_of"]
 
 STUDY_NAME = "servetune"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -154,20 +155,30 @@ def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: StudyMe
                                 sampler=sampler, load_if_exists=True)
     record = StudyRecord(study)
     if exists:
-        old, new = record.stored_meta, meta.stored()
-        if "levels" not in old:
-            raise StudyError(f"--resume: the study in {shown_url(storage)} was made by an older servetune, whose "
-                             "levels were not decided by a statistical test: start a new study (another --out)")
-        for key, option in DEFINING.items():
-            if _canonical(old.get(key)) != _canonical(new.get(key)):
-                was, now = _shown(old.get(key), new.get(key))
-                raise StudyError(f"--resume: {option} differs from the study's: it was {was}, now {now}; resume "
-                                 "with the options it was made with, or use another --out/--study")
+        check_resumable(storage, record.stored_meta, meta.stored())
         record.continued()
         requeue_interrupted(record)
     else:
         record.start(meta)
     return record
+
+
+def stored_meta(storage: str) -> dict[str, Any]:
+    """The meta of the study in `storage` as stored, read without writing into it."""
+    return StudyRecord(optuna.load_study(storage=storage, study_name=STUDY_NAME)).stored_meta
+
+
+def check_resumable(storage: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """StudyError unless the study in `storage`, whose stored meta is `old`, was made with every option that defines
+    it (`DEFINING`) as `new` (meta as stored) has it, by a servetune whose levels are decided as now."""
+    if "levels" not in old:
+        raise StudyError(f"--resume: the study in {shown_url(storage)} was made by an older servetune, whose "
+                         "levels were not decided by a statistical test: start a new study (another --out)")
+    for key, option in DEFINING.items():
+        if _canonical(old.get(key)) != _canonical(new.get(key)):
+            was, now = _shown(old.get(key), new.get(key))
+            raise StudyError(f"--resume: {option} differs from the study's: it was {was}, now {now}; resume "
+                             "with the options it was made with, or use another --out/--study")
 
 
 def _canonical(value: Any) -> str:
