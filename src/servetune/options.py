@@ -4,6 +4,7 @@ command runs (`BenchOptions`, `TuneOptions`, a `VerifyPlan`), naming the option 
 (UsageError); the tests build the same models. Heavy modules are imported where a value is checked, so that
 `servetune --help` stays quick."""
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -161,6 +162,7 @@ class TuneArgs(_Args):
         from servetune.trial.run import LevelOptions
         from servetune.tuner.loop import TuneOptions
         from servetune.workload import load_workload
+        from servetune.workload.load import reply_lengths
 
         if self.strategy not in REGISTRY:
             raise UsageError(f"--strategy: unknown strategy {self.strategy!r}; choose from {', '.join(REGISTRY)}")
@@ -172,11 +174,12 @@ class TuneArgs(_Args):
         levels = LevelOptions(requests=self.level_requests, min_requests=self.min_level_requests,
                               max_levels=self.max_levels, confidence=self.confidence,
                               request_timeout_s=self.request_timeout)
-        self._check_level_requests(slos)
+        workload = load_workload(self.workload)
+        self._check_levels_decide(slos, reply_lengths(workload))
         with about("--reference-config"):
             references = [read_config_yaml(path) for path in self.reference_config]
         opts = TuneOptions(
-            model=local_model(self.model), workload=load_workload(self.workload), out=self.out, slo=slos,
+            model=local_model(self.model), workload=workload, out=self.out, slo=slos,
             objective=self.objective, strategy=self.strategy, budget=self.budget, storage=self.study,
             resume=self.resume, engine_args=engine_args(self.engine_arg), references=references,
             optional_knobs=tuple(self.knob), tokenizer=self.tokenizer, levels=levels, seed=self.seed,
@@ -186,22 +189,29 @@ class TuneArgs(_Args):
         self._check_study(opts)
         return opts
 
-    def _check_level_requests(self, slos: dict[str, float]) -> None:
-        """A level of --level-requests can pass each request-level p99 SLO (TTFT, TPOT, E2EL): it needs
+    def _check_levels_decide(self, slos: dict[str, float], replies: tuple[float, float] | None) -> None:
+        """Every SLO can be decided by a level: TPOT and ITL need replies of 2 tokens or more (`replies`: the
+        workload's longest and mean reply, where known), and a level of --level-requests can pass each SLO: it needs
         `verdict.least_counted` requests counted after it fills up, and a few more for the fill."""
-        from servetune.measure.slo import latency
+        from servetune.measure.slo import ITL, TPOT, TTFT, latency
         from servetune.measure.verdict import least_counted
         from servetune.trial.run import FILL_SPARE
 
-        per_request = [name for name in slos if latency(name).per_request is not None]
-        if not per_request:
-            return
-        counted = least_counted(dict.fromkeys(per_request, 0.0), self.confidence, self.min_level_requests, 1.0)
-        if self.level_requests < counted + FILL_SPARE:
+        between = [name for name in slos if latency(name) in (TPOT, ITL)]
+        if between and replies is not None and replies[0] < 2:
+            raise UsageError(f"--slo {between[0]}: every reply of the workload is 1 token long, and "
+                             f"{latency(between[0]).label} is measured between a reply's tokens: give the workload's "
+                             f"output_len at least 2 tokens, or bound {TTFT.slo} or e2el_p99_ms")
+        gaps = replies[1] - 1 if replies is not None else math.inf  # an ITL level counts gaps
+        counted = least_counted(slos, self.confidence, self.min_level_requests, gaps)
+        if slos and self.level_requests < counted + FILL_SPARE:
+            per_request = any(latency(name).per_request is not None for name in slos)
+            why = (" (--min-level-requests)" if counted == self.min_level_requests
+                   else "" if per_request else f" ({gaps:.0f} gaps each)")
             raise UsageError(
-                f"--level-requests {self.level_requests}: no level could pass {', '.join(per_request)}: a p99 of "
-                f"requests passes at {self.confidence:.0%} only on at least {counted} requests counted after the "
-                f"level fills up, and filling it takes more; use at least {counted + 100} (the default is 600)")
+                f"--level-requests {self.level_requests}: no level could pass {', '.join(slos)}: at "
+                f"{self.confidence:.0%} it passes only on at least {counted} requests{why} counted after the level "
+                f"fills up, and filling it takes more; use at least {counted + 100} (the default is 600)")
 
     def _check_study(self, opts: "TuneOptions") -> None:
         """--study readable as SQLAlchemy reads it (its password remembered, so that nothing prints it), and with
