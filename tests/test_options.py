@@ -123,3 +123,25 @@ def test_a_level_size_that_could_never_decide_an_itl_slo_is_refused_with_the_lea
     with pytest.raises(UsageError, match=r"^--level-requests 100: no level could pass itl_p99_ms: at 95% it passes "
                                          r"only on at least 150 requests \(2 gaps each\) counted"):
         short.resolve()
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("0.5s", "--time-limit 0.5s: less than vLLM's first launch on a machine takes (~2m00s on a CPU, more on a GPU): "
+             "give at least 2m00s"),
+    ("99999999999999h", "--time-limit 99999999999999h: more than 7 days: leave --time-limit out for a tune without "
+                        "one"),
+    ("5m5m", "--time-limit: '5m5m' is not a duration (e.g. 25m, 1h30m, 90s, or seconds; each unit once, hours "
+             "before minutes before seconds)"),
+])
+def test_a_time_limit_that_cannot_hold_a_launch_or_repeats_a_unit_is_refused(tiny_model, tmp_path, given, message):
+    """Issue 37, item 8: `0.5s` ran 29 s and said "29s of 29s"; `5m5m` was read as 10 minutes; `99999999999999h`
+    was taken. The demo's own limit is held to the same least."""
+    args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path / "out",
+                    slo=["tpot_p99_ms=25"], time_limit=given)
+    with pytest.raises(UsageError) as refused:
+        args.resolve()
+    assert str(refused.value) == message
+    assert args.model_copy(update={"time_limit": "2m"}).resolve().time_limit_s == 120
+    with pytest.raises(UsageError) as refused:
+        DemoArgs(out=tmp_path, time_limit=given).limit_s()
+    assert str(refused.value) == message

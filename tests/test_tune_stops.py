@@ -89,7 +89,8 @@ def summary_of(tmp_path) -> dict:
 
 def test_durations_read_as_a_person_writes_them():
     assert parse_duration("25m") == 1500 and parse_duration("1h30m") == 5400 and parse_duration("90") == 90
-    for bad in ("soon", "0m", "-5m", "5 minutes"):
+    assert parse_duration("1h5s") == 3605 and parse_duration("2.5m") == 150
+    for bad in ("soon", "0m", "-5m", "5 minutes", "5m5m", "30s5m", "1h2h"):  # issue 37, item 8: each unit once
         with pytest.raises(ValueError):
             parse_duration(bad)
 

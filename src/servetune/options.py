@@ -18,12 +18,17 @@ from servetune.jsonio import check_writable
 from servetune.knobs import optional_help
 from servetune.measure.slo import GOODPUT_KEYS, Objective
 from servetune.search.strategies import strategy_help
+from servetune.timelimit import GUESS_LAUNCH_S, duration, parse_duration
 
 if TYPE_CHECKING:
     from servetune.measure.benchrun import BenchOptions
     from servetune.tuner.loop import TuneOptions
     from servetune.verify import VerifyPlan
     from servetune.workload import WorkloadSpec
+
+
+MIN_TIME_LIMIT_S = GUESS_LAUNCH_S["cpu"][0]  # vLLM's first launch on a CPU, as the time plan guesses it
+MAX_TIME_LIMIT_S = 7 * 86_400.0
 
 
 class UsageError(ServetuneError):
@@ -228,14 +233,7 @@ class TuneArgs(_Args):
             check_resumable(storage, stored_meta(storage), defining(opts))
 
     def _time_limit_s(self) -> float | None:
-        from servetune.timelimit import parse_duration
-
-        if self.time_limit is None:
-            return None
-        try:
-            return parse_duration(self.time_limit)
-        except ValueError as e:
-            raise UsageError(f"--time-limit: {e}") from None
+        return None if self.time_limit is None else time_limit_s(self.time_limit)
 
 
 def defining(opts: "TuneOptions") -> dict[str, Any]:
@@ -262,21 +260,17 @@ class DemoArgs(_Args):
 
     def limit_s(self) -> float:
         """The demo's time limit in seconds."""
-        from servetune.timelimit import parse_duration
-
-        try:
-            return parse_duration(self.time_limit)
-        except ValueError as e:
-            raise UsageError(f"--time-limit: {e}") from None
+        return time_limit_s(self.time_limit)
 
     def tune(self, model: Path, itl_slo_ms: float, time_limit_s: float, reference: Path | None = None) -> TuneArgs:
-        """The tune of the tiny model written to `model`, under p99 ITL <= `itl_slo_ms`, within `time_limit_s`; with a
-        `reference` config, that config and the defaults alone (budget 2)."""
+        """The tune of the tiny model written to `model`, under p99 ITL <= `itl_slo_ms`, within `time_limit_s` (at
+        least what a tune is allowed: the machine's measure may leave less); with a `reference` config, that config
+        and the defaults alone (budget 2)."""
         from servetune.demo import WORKLOAD
 
         return TuneArgs(model=str(model.resolve()), workload=WORKLOAD, out=self.out, slo=[f"itl_p99_ms={itl_slo_ms:g}"],
                         strategy="optuna", budget=2 if reference else self.budget, resume=self.resume, seed=0,
-                        time_limit=f"{max(1.0, time_limit_s):.0f}s", level_requests=400, max_levels=4,
+                        time_limit=f"{max(MIN_TIME_LIMIT_S, time_limit_s):.0f}s", level_requests=400, max_levels=4,
                         reference_config=[reference] if reference else [])
 
 
@@ -456,6 +450,22 @@ def check_lock_directory() -> None:
         port_locks()
     except FileNotFoundError:  # no temporary directory can be written at all: the command's own write check says so
         pass
+
+
+def time_limit_s(text: str) -> float:
+    """--time-limit in seconds (`timelimit.parse_duration`): at least vLLM's first launch on a CPU (a limit that
+    holds no launch ran the first trial past it all the same), at most MAX_TIME_LIMIT_S."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise UsageError(f"--time-limit: {e}") from None
+    if seconds < MIN_TIME_LIMIT_S:
+        least = duration(MIN_TIME_LIMIT_S)
+        raise UsageError(f"--time-limit {text}: less than vLLM's first launch on a machine takes (~{least} on a CPU, "
+                         f"more on a GPU): give at least {least}")
+    if seconds > MAX_TIME_LIMIT_S:
+        raise UsageError(f"--time-limit {text}: more than 7 days: leave --time-limit out for a tune without one")
+    return seconds
 
 
 def check_timeout(request_timeout: float | None) -> float | None:
