@@ -30,10 +30,14 @@ def parse(text: str) -> dict[str, float]:
 
 
 def scrape(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
-    """The SAMPLES now, from `base_url/metrics`."""
+    """The SAMPLES now, from `base_url/metrics`; httpx.HTTPError when it does not answer, or (DecodingError) answers
+    something other than Prometheus text: a server that is not vLLM."""
     response = httpx.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
     response.raise_for_status()
-    return parse(response.text)
+    try:
+        return parse(response.text)
+    except ValueError as e:
+        raise httpx.DecodingError(f"/metrics is not Prometheus text: {e}"[:200], request=response.request) from None
 
 
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
