@@ -84,7 +84,7 @@ def model_tiny(args: ModelTinyArgs) -> None:
     from servetune.tinymodel import write_tiny_model
 
     write_tiny_model(args.out)
-    console.print(f"wrote the tiny model to {args.out}")
+    say(f"wrote the tiny model to {args.out}")
 
 
 @command(app, BenchArgs)
@@ -134,7 +134,7 @@ def demo(args: DemoArgs) -> None:
     with one_line_errors():
         limit_s = args.limit_s()
     model = write_tiny_model(args.out / "tiny-llama")
-    console.print(f"wrote the tiny model to {model}")
+    say(f"wrote the tiny model to {model}")
     with one_line_errors():
         resumed = _resumed(args.out) if args.resume else None
     if resumed is not None:
@@ -218,9 +218,9 @@ def _tune(opts: "TuneOptions") -> "Summary":
         if bar.live.is_started:
             bar.stop()
     console.print(result_table(summary))
-    say(f"{summary.answer}\nreport: {opts.out / 'report.html'}")
+    say(summary.answer, f"report: {opts.out / 'report.html'}")
     if summary.best is not None:
-        say(f"run it: {summary.best_command}\noutputs: {opts.out}/ (state: {summary.state})")
+        say(f"run it: {summary.best_command}", f"outputs: {opts.out}/ (state: {summary.state})")
     if summary.time is not None:
         say(f"time: {summary.time}")
     return summary
