@@ -297,25 +297,27 @@ def test_the_cli_says_a_lost_worker_in_one_line(monkeypatch, capsys):
 
 
 def test_a_resume_with_other_settings_is_refused_before_any_prompt_is_built(tiny_model, tmp_path, monkeypatch):
-    """Issue 37, item 6: the options that define the study are compared when the command line is read, before the
-    tokenizer is loaded (it took 112 s of prompts before); the same options pass that check."""
-    from servetune.options import TuneArgs
+    """Issue 37, item 6: the options that define the study are compared once its lock is taken, before the
+    tokenizer is loaded (it took 112 s of prompts before); with the same options a resume goes on to its prompts."""
 
-    def no_prompts(*args, **kwargs):
-        raise AssertionError("prompts built before the options were compared")
+    class PromptsBuilt(Exception):
+        pass
 
-    args = TuneArgs(model=str(tiny_model), workload=tmp_path / "w.yaml", out=tmp_path / "out", slo=["tpot_p99_ms=25"],
-                    strategy="grid", budget=1, confirm=False, level_requests=400, max_levels=1)
-    (tmp_path / "w.yaml").write_text(json.dumps(WORKLOAD))
-    tune(args.resolve(), executor=StandIn({0: 5.0}, tmp_path / "out"))
-    monkeypatch.setattr("servetune.tuner.loop.load_tokenizer", no_prompts)
-    again = args.model_copy(update={"resume": True, "budget": 2})
-    assert again.resolve().levels.requests == 400
+    def prompts(*args, **kwargs):
+        raise PromptsBuilt
+
+    tune(options(tiny_model, tmp_path, budget=1, confirm=False), executor=StandIn({0: 5.0}, tmp_path / "out"))
+    monkeypatch.setattr("servetune.tuner.loop.load_tokenizer", prompts)
+    again = options(tiny_model, tmp_path, budget=2, resume=True, confirm=False)
+    with pytest.raises(PromptsBuilt):
+        tune(again, executor=StandIn({1: 6.0}, tmp_path / "out"))
     with pytest.raises(StudyError, match=r'^--resume: the level options \(.*\) differs from the study\'s: it was '
-                                         r'\{"requests": 400\}, now \{"requests": 500\}'):
-        again.model_copy(update={"level_requests": 500}).resolve()
+                                         r'\{"requests": 20\}, now \{"requests": 40\}'):
+        tune(TuneOptions(**{**again.__dict__, "levels": LevelOptions(requests=40, max_levels=1)}),
+             executor=StandIn({1: 6.0}, tmp_path / "out"))
     with pytest.raises(StudyError, match=r"^--resume: --engine-arg differs"):
-        again.model_copy(update={"engine_arg": ["max-num-seqs=8"]}).resolve()
+        tune(TuneOptions(**{**again.__dict__, "engine_args": {"max_num_seqs": 8}}),
+             executor=StandIn({1: 6.0}, tmp_path / "out"))
 
 
 def test_a_stop_before_a_resumed_tune_began_says_the_outputs_state_as_they_are(tiny_model, tmp_path, monkeypatch,

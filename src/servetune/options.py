@@ -191,7 +191,7 @@ class TuneArgs(_Args):
             parallel=self.parallel, ray_address=self.ray_address, confirm=self.confirm, time_limit_s=time_limit_s,
             min_model_len=self.min_model_len)
         check_timeout(opts.levels.request_timeout_s)
-        self._check_study(opts)
+        self._check_study()
         return opts
 
     def _check_levels_decide(self, slos: dict[str, float], replies: tuple[float, float] | None) -> None:
@@ -218,34 +218,19 @@ class TuneArgs(_Args):
                 f"{self.confidence:.0%} it passes only on at least {counted} requests{why} counted after the level "
                 f"fills up, and filling it takes more; use at least {counted + 100} (the default is 600)")
 
-    def _check_study(self, opts: "TuneOptions") -> None:
+    def _check_study(self) -> None:
         """--study readable as SQLAlchemy reads it (its password remembered, so that nothing prints it), and with
-        --resume a study in the storage made with the options that define it as `opts` has them: checked without
-        writing anything, before any prompt is built, so that a --resume with nothing to resume leaves no --out
-        directory behind. (A study found without --resume is refused once its lock is taken: a tuner holding it is
-        named.)"""
-        from servetune.study.storage import check_resumable, check_storage, default_storage, stored_meta
+        --resume a study in the storage: checked without writing anything, so that a --resume with nothing to
+        resume leaves no --out directory behind. (A study found without --resume is refused once its lock is
+        taken: a tuner holding it is named.)"""
+        from servetune.study.storage import check_storage, default_storage
 
         check_study_url(self.study)
         if self.resume:
-            storage = self.study or default_storage(self.out)
-            check_storage(storage, resume=True)
-            check_resumable(storage, stored_meta(storage), defining(opts))
+            check_storage(self.study or default_storage(self.out), resume=True)
 
     def _time_limit_s(self) -> float | None:
         return None if self.time_limit is None else time_limit_s(self.time_limit)
-
-
-def defining(opts: "TuneOptions") -> dict[str, Any]:
-    """What defines the study `opts` tunes (`study.storage.DEFINING`), as its meta stores it
-    (`tuner.loop.Proposer.open`)."""
-    from dataclasses import asdict
-
-    return {"model": opts.model, "workload": opts.workload.model_dump(mode="json"), "slo": opts.slo,
-            "objective": opts.objective, "strategy": opts.strategy, "seed": opts.seed,
-            "user_engine_args": opts.engine_args, "references": opts.references,
-            "optional_knobs": list(opts.optional_knobs), "tokenizer": opts.tokenizer, "levels": asdict(opts.levels),
-            "confirm": opts.confirm, "min_model_len": opts.min_model_len}
 
 
 class DemoArgs(_Args):

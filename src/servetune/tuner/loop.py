@@ -32,7 +32,8 @@ from servetune.study.outcome import TrialOutcome
 from servetune.study.record import (Progress, RecordedTrial, Reference, Role, StudyMeta, StudyRecord, TrialRecord,
                                     TuneState, read_trial, write_trial)
 from servetune.study.results import Results, Summary, TrialRow, beats, trial_row
-from servetune.study.storage import StudyLock, check_storage, default_storage, open_study, trial_dir
+from servetune.study.storage import (StudyLock, check_resumable, check_storage, default_storage, open_study,
+                                     stored_meta, trial_dir)
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import DRAIN_GUESS_S, LevelOptions, Race, TrialPlan, least_requests, requests_per_s
@@ -78,6 +79,14 @@ class TuneOptions:
             raise ServetuneError(f"unknown objective {self.objective!r}; use goodput or throughput")
         if self.objective == Objective.GOODPUT and not self.slo:
             raise ServetuneError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
+
+    def defining(self) -> dict[str, Any]:
+        """What defines the study (`study.storage.DEFINING`), as its meta stores it."""
+        return {"model": self.model, "workload": self.workload.model_dump(mode="json"), "slo": self.slo,
+                "objective": self.objective, "strategy": self.strategy, "seed": self.seed,
+                "user_engine_args": self.engine_args, "references": self.references,
+                "optional_knobs": list(self.optional_knobs), "tokenizer": self.tokenizer,
+                "levels": asdict(self.levels), "confirm": self.confirm, "min_model_len": self.min_model_len}
 
 
 @dataclass(frozen=True)
@@ -147,8 +156,11 @@ def _lock(opts: TuneOptions) -> StudyLock:
 def _prepare(opts: TuneOptions, build: Callable[..., list[RequestSpec]]) -> tuple[Any, list[list[RequestSpec]],
                                                                                   ModelLenBounds]:
     """(tokenizer, request sets, max-model-len bounds): everything a bad model path, dataset, workload or study
-    storage fails on, before the vLLM probe (seconds) or any launch."""
-    check_storage(opts.storage or default_storage(opts.out), opts.resume)
+    storage fails on, before the vLLM probe (seconds) or any launch; a resumed study's options, before any prompt
+    is built."""
+    storage = opts.storage or default_storage(opts.out)
+    if check_storage(storage, opts.resume):
+        check_resumable(storage, stored_meta(storage), opts.defining())
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
     count = opts.levels.requests + opts.levels.warmup_requests
     sets = [build(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=count)
@@ -220,13 +232,9 @@ class Proposer:
         if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
             space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
                                 space.max_model_len, space.context)
-        meta = StudyMeta(
-            model=opts.model, workload=opts.workload.model_dump(mode="json"), slo=opts.slo, objective=opts.objective,
-            strategy=opts.strategy, budget=opts.budget, space=space.to_dict(), model_len=model_len.model_dump(),
-            user_engine_args=opts.engine_args, servetune_version=__version__, vllm_version=vllm.version,
-            device=vllm.device_type, out=str(opts.out.resolve()), levels=asdict(opts.levels), seed=opts.seed,
-            references=opts.references, optional_knobs=list(opts.optional_knobs), tokenizer=opts.tokenizer,
-            confirm=opts.confirm, min_model_len=opts.min_model_len)
+        meta = StudyMeta(**opts.defining(), budget=opts.budget, space=space.to_dict(),
+                         model_len=model_len.model_dump(), servetune_version=__version__, vllm_version=vllm.version,
+                         device=vllm.device_type, out=str(opts.out.resolve()))
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == Objective.THROUGHPUT and bool(opts.slo),
                                  slo=tuple(opts.slo))
