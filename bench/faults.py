@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -400,6 +400,8 @@ def records_kept_elsewhere(p: Probe) -> tuple[str, bool]:
     kept = Path(p.last.rpartition("they are in ")[2])
     there = kept.exists()
     kept.unlink(missing_ok=True)
+    with suppress(OSError):  # its directory of the run's own (jsonio.kept_dir)
+        kept.parent.rmdir()
     return f"requests sent: {p.sent}", there
 
 

@@ -105,6 +105,7 @@ def test_a_disk_that_fills_during_a_bench_keeps_the_records_in_the_temporary_dir
         assert len(Path(kept.group(1)).read_text().splitlines()) == 401  # a header and every record
     finally:
         Path(kept.group(1)).unlink()
+        Path(kept.group(1)).parent.rmdir()
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "o.json"]  # no temporary file left
 
 
@@ -132,6 +133,7 @@ def test_results_that_cannot_be_written_go_to_the_temporary_directory_and_the_ru
         assert '"completed": 4' in fallback.read_text() and not json_out.exists()
     finally:
         fallback.unlink()
+        fallback.parent.rmdir()
 
 
 class Filling(StandIn):
@@ -205,3 +207,36 @@ def test_a_disk_that_fills_during_a_trial_is_one_line_and_summary_json_says_what
     assert summary["state"] == "interrupted" and summary["trials"] == 1
     assert summary["not_done"] == [f"stopped: cannot write {records} (No space left on device): the trial running "
                                    "then runs again on --resume"]
+
+
+def test_records_that_go_to_the_temporary_directory_are_the_users_alone_and_named_in_the_json(fake, tiny_model,
+                                                                                               tmp_path, monkeypatch):
+    """Issue 37, also seen: bench's fallback records went to /tmp/servetune-PID-*.records.jsonl at 0644 (another
+    user could read them), and its JSON did not say where they were."""
+    from servetune.loadgen import LoadResult
+
+    url, _ = fake
+    json_out = tmp_path / "o.json"
+    save = LoadResult.save
+
+    def full_there(self, path) -> None:
+        if Path(path) == json_out.with_suffix(".records.jsonl"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        save(self, path)
+
+    monkeypatch.setattr(LoadResult, "save", full_there)
+    run = run_bench(BenchOptions(json_out=json_out, model="fake", tokenizer=str(tiny_model), base_url=url,
+                                 workload=WorkloadSpec.random(8, 4, 4)))
+    fallback = Path(run.misplaced[0].rpartition("they are in ")[2])
+    try:
+        assert json.loads(json_out.read_text())["records"] == str(fallback)
+        assert os.stat(fallback).st_mode & 0o777 == 0o600 and os.stat(fallback.parent).st_mode & 0o077 == 0
+        assert len(fallback.read_text().splitlines()) == 5
+    finally:
+        fallback.unlink()
+        fallback.parent.rmdir()
+    monkeypatch.setattr(LoadResult, "save", save)
+    kept = tmp_path / "kept.json"
+    run_bench(BenchOptions(json_out=kept, model="fake", tokenizer=str(tiny_model), base_url=url,
+                           workload=WorkloadSpec.random(8, 4, 4)))
+    assert json.loads(kept.read_text())["records"] == str(kept.with_suffix(".records.jsonl"))
