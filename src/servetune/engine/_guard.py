@@ -3,13 +3,15 @@
 Usage: python _guard.py CMD [ARG ...], with SERVETUNE_GUARD_PARENT set to the starter's pid (so that a starter
 that dies before the guard is up is seen). Start it as the leader of a new process group. The guard asks the
 kernel for SIGTERM when its parent dies (even by SIGKILL), and on SIGTERM/SIGINT/SIGHUP, or when CMD
-exits, it stops the whole group: TERM, a grace period (SERVETUNE_GRACE_S, default 5 s), then KILL.
+exits, it stops the whole group: TERM, a grace period (SERVETUNE_GRACE_S, default 5 s), then KILL; once the group
+stopped within the grace period, it removes the directory SERVETUNE_GUARD_SCRATCH names (CMD's temporary one).
 CMD itself gets SIGTERM from the kernel if the guard is killed before it can do that.
 A standalone script, so it needs nothing but the standard library.
 """
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import time
 
 PR_SET_PDEATHSIG = 1
 GUARD_PARENT_ENV = "SERVETUNE_GUARD_PARENT"  # the pid of the process that started the guard
+GUARD_SCRATCH_ENV = "SERVETUNE_GUARD_SCRATCH"  # a directory the guard removes once the group has stopped
 
 
 def _stop_group(grace_s: float) -> None:
@@ -79,6 +82,8 @@ def main() -> int:
         code = 143
     finally:
         _stop_group(grace_s)
+        if scratch := os.environ.get(GUARD_SCRATCH_ENV):
+            shutil.rmtree(scratch, ignore_errors=True)
     return code
 
 

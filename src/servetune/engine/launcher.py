@@ -1,11 +1,15 @@
 """Launch a vLLM OpenAI-compatible server that only servetune may use, wait until it is ready, and always stop it."""
 
 import atexit
+import getpass
 import os
+import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -15,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from servetune.engine._guard import GUARD_PARENT_ENV
+from servetune.engine._guard import GUARD_PARENT_ENV, GUARD_SCRATCH_ENV
 from servetune.engine.args import CPU_KVCACHE_SPACE, normalize, to_argv
 from servetune.engine.installed import InstalledVllm, probe
 from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, classify_failure, parse_startup
@@ -86,6 +90,7 @@ class Engine:
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
+        self.scratch: Path | None = None  # the server's own temporary directory while it runs
         self.secret = secrets.token_urlsafe(32)
 
     @property
@@ -106,16 +111,20 @@ class Engine:
         ]
 
     def env(self) -> dict[str, str]:
-        """The server's environment: this one's, vLLM's settings, `extra_env`, and the access middleware's
-        directory and secret (which nothing overrides)."""
+        """The server's environment: this one's, vLLM's settings, `extra_env`, the access middleware's directory and
+        secret, and its own temporary directory, `scratch` (which nothing overrides): vLLM's file store
+        (vllm_dist_*) and IPC sockets go there, and with it once the server stops; torch's compile cache stays where
+        it was, shared by every launch."""
         env = dict(os.environ)
         env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                    "PYTHONUNBUFFERED": "1"})
+                    "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": _compile_cache()})
         if self.vllm.on_cpu:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
         env.update(self.extra_env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SERVERSIDE), env.get("PYTHONPATH")]))
         env[SECRET_ENV] = self.secret
+        if self.scratch is not None:
+            env["TMPDIR"] = env[GUARD_SCRATCH_ENV] = str(self.scratch)
         return env
 
     def start(self) -> StartupFacts:
@@ -142,6 +151,7 @@ class Engine:
 
     def _launch(self) -> None:
         self.port, self._port_lock = reserve_port(self.host)
+        self.scratch = Path(tempfile.mkdtemp(prefix="vllm-"))  # short: vLLM's socket paths in it are at most 107
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(self.argv()) + "\n").encode())
             log.flush()
@@ -180,14 +190,18 @@ class Engine:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, grace_s: float = 8.0) -> None:
-        """Stop the whole process group: TERM (the guard forwards it), then KILL after `grace_s`."""
+        """Stop the whole process group: TERM (the guard forwards it), then KILL after `grace_s`; then remove its
+        temporary directory."""
         proc, self.proc = self.proc, None
         lock, self._port_lock = self._port_lock, None
+        scratch, self.scratch = self.scratch, None
         _LIVE.discard(self)
         if proc is not None:
             _kill_group(proc, grace_s)
         if lock is not None:  # the port is free for others once its server is gone (or never started)
             release_port(self.port, lock)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def __enter__(self) -> "Engine":
         self.start()
@@ -209,6 +223,19 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def _compile_cache() -> str:
+    """torch's compile cache where torch puts it by default (TMPDIR/torchinductor_USER), unless the user chose
+    another: named for the server, whose own TMPDIR is its `scratch`, so that each launch finds what earlier ones
+    compiled."""
+    if given := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return given
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def stop_all() -> None:
