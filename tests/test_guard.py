@@ -75,3 +75,26 @@ def test_a_guard_whose_starter_died_before_it_was_up_runs_nothing(tmp_path):
     subprocess.run([sys.executable, str(GUARD), "touch", str(marker)], start_new_session=True, check=True,
                    env=os.environ | {"SERVETUNE_GUARD_PARENT": str(os.getpid())}, timeout=30)
     assert marker.exists()
+
+
+def test_a_server_stopped_while_an_interrupt_unwinds_gets_the_short_grace(tmp_path, monkeypatch):
+    """Issue 37, also seen: servetune took 5.6 s (tune) and 9-14 s (verify) to exit after SIGTERM, a vLLM that is
+    still starting up waiting out the whole grace before its KILL; stopped by an interrupt, a server gets
+    STOP_GRACE_S, so that servetune exits within a supervisor's 5 s."""
+    from servetune.interrupt import Interrupted
+    from servetune.testing.installed import VLLM_CPU
+
+    graces = []
+    monkeypatch.setattr(launcher, "probe", lambda python: VLLM_CPU)
+    monkeypatch.setattr(launcher, "_kill_group", lambda proc, grace_s: graces.append(grace_s))
+    engine = launcher.Engine("m", {}, tmp_path / "server.log")
+    engine.proc = subprocess.Popen(["true"])  # a stand-in: `_kill_group` is stood in for
+    engine.stop()
+    for stop in (Interrupted(signal.SIGTERM), KeyboardInterrupt()):
+        engine.proc = subprocess.Popen(["true"])
+        try:
+            raise stop
+        except KeyboardInterrupt:
+            engine.stop()
+    assert graces == [launcher.GRACE_S, launcher.STOP_GRACE_S, launcher.STOP_GRACE_S]
+    assert launcher.STOP_GRACE_S < 5 and launcher.GRACE_S > launcher.STOP_GRACE_S

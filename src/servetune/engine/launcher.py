@@ -34,6 +34,8 @@ SECRET_USER = "servetune"
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _PORT_IN_USE = "Address already in use"
 LAUNCH_TRIES = 3  # launches that lost their port to another process before ready are tried again
+GRACE_S = 8.0  # a server stopped when its work is done: time to shut down before it is killed
+STOP_GRACE_S = 2.0  # one stopped by an interrupt (vLLM still starting up ignores SIGTERM until it is up)
 
 
 class EngineFailed(RuntimeError):
@@ -189,9 +191,11 @@ class Engine:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self, grace_s: float = 8.0) -> None:
-        """Stop the whole process group: TERM (the guard forwards it), then KILL after `grace_s`; then remove its
-        temporary directory."""
+    def stop(self) -> None:
+        """Stop the whole process group: TERM (the guard forwards it), then KILL after GRACE_S, or STOP_GRACE_S while
+        an interrupt unwinds (a KeyboardInterrupt being handled: servetune exits within a supervisor's 5 s); then
+        remove its temporary directory."""
+        grace_s = STOP_GRACE_S if isinstance(sys.exc_info()[1], KeyboardInterrupt) else GRACE_S
         proc, self.proc = self.proc, None
         lock, self._port_lock = self._port_lock, None
         scratch, self.scratch = self.scratch, None
