@@ -28,8 +28,8 @@ from servetune.redact import redact, shown_url
 from servetune.study.record import StudyMeta, StudyRecord
 
 __all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_resumable", "check_storage", "default_storage",
-           "open_study", "requeue_interrupted", "sqlite_file", "storage_url", "stored_meta", "study_exists", "trial_dir",
-           "tuner_of"]
+           "open_study", "requeue_interrupted", "sqlite_file", "storage_url", "stored_meta", "study_exists",
+           "trial_dir", "tuner_of"]
 
 STUDY_NAME = "servetune"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -216,11 +216,11 @@ class StudyLock:
     """One tuner per study and per output directory at a time. The study is locked where it is, whatever
     `--out`: an SQLite study by a lock file beside its database (`.NAME.lock`), a PostgreSQL one by an advisory
     lock on its database server (which hosts share), any other storage by a lock file in this user's own
-    directory (`servetune.private`: this host and user only); the output directory by `out/.servetune.lock`. A lock file is flocked (released
-    when the process ends, however it ends, so a crash leaves no stale lock) and holds who took it. A second
-    tuner gets StudyError naming the holder; a lock file that cannot be written (a full disk) is removed and
-    said in one line. `made_out`: the tuner made the output directory, which is removed on release (a refusal
-    included) if nothing was written into it."""
+    directory (`servetune.private`: this host and user only); the output directory by `out/.servetune.lock`. A
+    lock file is flocked (released when the process ends, however it ends, so a crash leaves no stale lock) and
+    holds who took it. A second tuner gets StudyError naming the holder; a lock file that cannot be written (a full
+    disk) is removed and said in one line. `made_out`: the tuner made the output directory, which is removed on
+    release (a refusal included) if nothing was written into it."""
 
     FILE = ".servetune.lock"
 
