@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from servetune.engine._guard import GUARD_PARENT_ENV, GUARD_SCRATCH_ENV
+from servetune.engine._guard import GUARD_PARENT_ENV, GUARD_SCRATCH_ENV, kill_others
 from servetune.engine.args import CPU_KVCACHE_SPACE, normalize, to_argv
 from servetune.engine.installed import InstalledVllm, probe
 from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, classify_failure, parse_startup
@@ -216,16 +216,14 @@ class Engine:
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """TERM the group led by `proc`, wait up to `grace_s` for it, then KILL what is left."""
+    """TERM the group led by `proc`, wait up to `grace_s` for it, then KILL what is left, and remove the shared
+    memory it mapped (`_guard.kill_others`)."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace_s)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_others(proc.pid)
     proc.wait()
 
 
