@@ -240,3 +240,14 @@ def test_records_that_go_to_the_temporary_directory_are_the_users_alone_and_name
     run_bench(BenchOptions(json_out=kept, model="fake", tokenizer=str(tiny_model), base_url=url,
                            workload=WorkloadSpec.random(8, 4, 4)))
     assert json.loads(kept.read_text())["records"] == str(kept.with_suffix(".records.jsonl"))
+
+
+def test_records_that_do_not_fit_raise_naming_their_file(full_disk):
+    """A write that fails (ENOSPC) has no file name of its own: the tune said "cannot write None"."""
+    from servetune.loadgen import LoadResult, RequestRecord
+
+    records = [RequestRecord(i, 8, 8, False, 0, chunk_ns=list(range(64))) for i in range(2000)]
+    with pytest.raises(OSError) as failed:
+        LoadResult(records, 1.0, 1.0, None, 0, 1, False).save(full_disk / "level-00.records.jsonl")
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(full_disk / "level-00.records.jsonl")
+    assert [p.name for p in full_disk.iterdir()] == ["filler"]

@@ -70,7 +70,8 @@ class LoadResult:
 
     def save(self, path: str | Path) -> None:
         """Write JSONL: a header line with the level's fields, then one line per record. Written whole or not at
-        all (a temporary file beside it, of a name nobody else can have taken, renamed into place)."""
+        all (a temporary file beside it, of a name nobody else can have taken, renamed into place); an OSError
+        names `path`."""
         path = Path(path)
         header = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -81,8 +82,10 @@ class LoadResult:
                 out.writelines(json.dumps({name: getattr(r, name) for name in names}) + "\n" for r in self.records)
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(e, OSError) and e.filename is None:  # a write's error names no file: this one
+                raise OSError(e.errno, e.strerror, str(path)) from None
             raise
 
     @classmethod
