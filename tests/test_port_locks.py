@@ -134,3 +134,19 @@ def test_a_tune_whose_lock_directory_is_not_its_own_is_refused_in_one_line_befor
         f"error: {shared}/servetune-{os.geteuid()} is not a directory of this user's alone (owner uid "
         f"{os.geteuid()}, mode 0777): remove it, or set TMPDIR to a directory of yours"]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_servers_compile_cache_lies_in_this_users_own_directory(tmp_path, shared_tmp, monkeypatch):
+    """torch's default compile cache, TMPDIR/torchinductor_USER, is a name a neighbour can take first (or, in a
+    TMPDIR of theirs, swap): what it holds is read by anyone, and the kernels in it are loaded by the server. A
+    launch's cache is this user's own (servetune.private), unless the user chose one."""
+    from servetune.engine import launcher
+    from servetune.testing.installed import VLLM_CPU
+
+    monkeypatch.setattr(launcher, "probe", lambda python: VLLM_CPU)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    cache = Path(launcher.Engine("m", {}, tmp_path / "server.log").env()["TORCHINDUCTOR_CACHE_DIR"])
+    assert cache == shared_tmp / f"servetune-{os.geteuid()}" / "torchinductor"
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and cache.stat().st_uid == os.geteuid()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert launcher.Engine("m", {}, tmp_path / "server.log").env()["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")

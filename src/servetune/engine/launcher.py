@@ -1,9 +1,7 @@
 """Launch a vLLM OpenAI-compatible server that only servetune may use, wait until it is ready, and always stop it."""
 
 import atexit
-import getpass
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -24,6 +22,7 @@ from servetune.engine.args import CPU_KVCACHE_SPACE, normalize, to_argv
 from servetune.engine.installed import InstalledVllm, probe
 from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, classify_failure, parse_startup
 from servetune.engine.ports import release_port, reserve_port
+from servetune.private import private_dir
 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 _GUARD = Path(__file__).with_name("_guard.py")
@@ -115,8 +114,8 @@ class Engine:
     def env(self) -> dict[str, str]:
         """The server's environment: this one's, vLLM's settings, `extra_env`, the access middleware's directory and
         secret, and its own temporary directory, `scratch` (which nothing overrides): vLLM's file store
-        (vllm_dist_*) and IPC sockets go there, and with it once the server stops; torch's compile cache stays where
-        it was, shared by every launch."""
+        (vllm_dist_*) and IPC sockets go there, and with it once the server stops; torch's compile cache is shared
+        by every launch (`_compile_cache`)."""
         env = dict(os.environ)
         env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                     "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": _compile_cache()})
@@ -228,16 +227,14 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
 
 
 def _compile_cache() -> str:
-    """torch's compile cache where torch puts it by default (TMPDIR/torchinductor_USER), unless the user chose
-    another: named for the server, whose own TMPDIR is its `scratch`, so that each launch finds what earlier ones
-    compiled."""
+    """torch's compile cache: the user's TORCHINDUCTOR_CACHE_DIR, else this user's own directory
+    (`servetune.private`), shared by every launch. Not torch's default, TMPDIR/torchinductor_USER: a neighbour can
+    take that name first (or swap it, in a TMPDIR of theirs), read what it holds and plant kernels the server
+    loads."""
     if given := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return given
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid_{os.getuid()}"
-    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    with private_dir("torchinductor") as cache:
+        return str(cache.path)
 
 
 def stop_all() -> None:
