@@ -1,8 +1,7 @@
 """Directories of this user's alone, for lock files and caches: `$XDG_RUNTIME_DIR/servetune/NAME` where that runtime
-directory
-is this user's own, else `$TMPDIR/servetune-UID/NAME`, each made 0700. Every step is opened without following a
-symlink and checked (a directory, this user's, closed to others) before anything is made or removed in it, and
-what is made or removed goes through the open descriptor: whatever a neighbour plants or renames in a shared
+directory is this user's own, else `$TMPDIR/servetune-UID/NAME`, each made 0700. Every step is opened without
+following a symlink and checked (a directory, this user's, closed to others) before anything is made or removed in
+it, and what is made or removed goes through the open descriptor: whatever a neighbour plants or renames in a shared
 temporary directory is refused, never followed (what PostgreSQL and systemd do with their runtime files)."""
 
 import os
