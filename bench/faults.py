@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -400,6 +400,8 @@ def records_kept_elsewhere(p: Probe) -> tuple[str, bool]:
     kept = Path(p.last.rpartition("they are in ")[2])
     there = kept.exists()
     kept.unlink(missing_ok=True)
+    with suppress(OSError):  # its directory of the run's own (jsonio.kept_dir)
+        kept.parent.rmdir()
     return f"requests sent: {p.sent}", there
 
 
@@ -860,16 +862,16 @@ def run_case(case: Case) -> tuple[str, bool, float]:
 
 
 def port_lock_files() -> set[str]:
-    from servetune.engine import launcher
+    from servetune.engine.ports import port_locks
 
-    return set(os.listdir(launcher.port_locks())) if launcher.port_locks().exists() else set()
+    return set(os.listdir(port_locks()))
 
 
 def leftovers(locks_before: set[str]) -> str:
     """Our vLLM processes still alive and the port lock files left, after the next reservation's sweep."""
-    from servetune.engine import launcher
+    from servetune.engine.ports import release_port, reserve_port
 
-    launcher.release_port(*launcher.reserve_port())
+    release_port(*reserve_port())
     procs = [p.split()[0] + " " + p.split()[1] for p in vllm_processes()]
     return ", ".join([*procs, *sorted(port_lock_files() - locks_before)]) or "none"
 

@@ -174,7 +174,7 @@ def postgres_server(password: str | None = None) -> Iterator[tuple[str, int]]:
     """A real PostgreSQL server listening on 127.0.0.1 only (its Unix socket in its own scratch directory) with a
     database `servetune`: (its storage URL, the server's pid). With `password`, the superuser `postgres` needs it
     (SCRAM), and the URL holds it %-escaped."""
-    from servetune.engine.launcher import free_port
+    from servetune.engine.ports import free_port
 
     bin_dir, data = postgres_bin(), Path(tempfile.mkdtemp(prefix="servetune-pg-"))
     as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -262,7 +262,7 @@ def ray_head(num_cpus: int = 2, num_gpus: int = 0) -> Iterator[tuple[str, int]]:
     turns it on when ~/.ray/auth_token exists, and a driver given an address sends no token unless
     RAY_AUTH_MODE=token): (its address, the session's id). Every process of the session is killed at the end
     (`ray stop` would stop every Ray of the host, other users' included)."""
-    from servetune.engine.launcher import free_port
+    from servetune.engine.ports import free_port
 
     port, temp = free_port(), tempfile.mkdtemp(prefix="/tmp/ray-")
     head = subprocess.Popen([Path(sys.executable).with_name("ray"), "start", "--head", "--port", str(port),

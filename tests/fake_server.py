@@ -1,6 +1,6 @@
 """Test double: a fast OpenAI-compatible streaming server (`/v1/completions`, `/v1/chat/completions`).
 
-    python tests/fake_server.py [--port 0] [--token-delay-ms D] [--max-model-len N]
+    python tests/fake_server.py [--port 0] [--token-delay-ms D] [--max-model-len N] [--metrics TEXT]
 
 Prints `port N` once listening. Streams `max_tokens` (chat: `max_completion_tokens`) tokens as
 vLLM does (chat adds a leading role-only delta), then a usage chunk and `data: [DONE]`. With
@@ -13,10 +13,10 @@ tokens and then nothing, keeping the connection open, `fake:hang=1` accepts the 
 `fake:malformed=1` streams an event that is not JSON, `fake:endless=1` streams tokens past `max_tokens` and never
 ends, `fake:ping=1` sends its tokens and then SSE comments without end (never `[DONE]`), `fake:error_body=1`
 answers 500 with a body that never ends (64 KiB a tick).
-`GET /v1/models` lists the model `fake` (with `max_model_len` N when given); `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak.
-`GET /metrics` exposes, as vLLM does, histograms of its streams' times to first token and to the end, from the
-request read to the first and last token written (`vllm:time_to_first_token_seconds`,
-`vllm:e2e_request_latency_seconds`).
+`GET /v1/models` lists the model `fake` (with `max_model_len` N when given); `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak; anything else is 404.
+`GET /metrics` answers TEXT (200) when given, else exposes, as vLLM does, histograms of its streams' times to first
+token and to the end, from the request read to the first and last token written
+(`vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`).
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ class Histogram:
 class FakeServer:
     """Request accounting and the decode tick shared by all connections."""
 
-    def __init__(self, token_delay_s: float, max_model_len: int | None = None) -> None:
-        self.token_delay_s = token_delay_s
+    def __init__(self, token_delay_s: float, max_model_len: int | None = None, metrics: str | None = None) -> None:
+        self.token_delay_s, self.metrics = token_delay_s, metrics
         self.model_card = {"id": "fake", "object": "model"} | (
             {"max_model_len": max_model_len} if max_model_len is not None else {})
         # [transport, per-tick bytes (an iterator), ticks written, close_after, next, perf_counter at the request]
@@ -110,9 +110,9 @@ class FakeServer:
             self.peak = self.in_flight
             return
         if method == b"GET" and path == b"/metrics":
-            text = (self.ttft.exposition() + self.e2el.exposition()).encode()
+            text = (self.metrics if self.metrics is not None else self.ttft.exposition() + self.e2el.exposition())
             transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
-                            % (len(text), text))
+                            % (len(text.encode()), text.encode()))
             return
         if method == b"GET" and path == b"/v1/models":
             transport.write(_response(200, "OK", {"object": "list", "data": [self.model_card]}))
@@ -226,8 +226,9 @@ class _Connection(asyncio.Protocol):
             self.server.handle(self.transport, method, path, body)
 
 
-async def serve(port: int, token_delay_ms: float, max_model_len: int | None = None) -> None:
-    server = FakeServer(token_delay_ms / 1000, max_model_len)
+async def serve(port: int, token_delay_ms: float, max_model_len: int | None = None,
+                metrics: str | None = None) -> None:
+    server = FakeServer(token_delay_ms / 1000, max_model_len, metrics)
     listener = await asyncio.get_running_loop().create_server(
         lambda: _Connection(server), "127.0.0.1", port, backlog=4096)
     print("port", listener.sockets[0].getsockname()[1], flush=True)
@@ -239,10 +240,11 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--metrics", default=None)
     args = parser.parse_args()
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(args.port, args.token_delay_ms, args.max_model_len))
+        asyncio.run(serve(args.port, args.token_delay_ms, args.max_model_len, args.metrics))
     else:
-        uvloop.run(serve(args.port, args.token_delay_ms, args.max_model_len))
+        uvloop.run(serve(args.port, args.token_delay_ms, args.max_model_len, args.metrics))

@@ -96,3 +96,22 @@ def test_a_stream_that_goes_on_past_its_max_tokens_fails_as_overrun(fake, endpoi
     assert ok.ok and len(ok.chunk_ns) == (9 if endpoint == "chat" else 8)
     if fault == "endless":  # stopped at the first chunk past max_tokens and the allowance (a role, a last chunk)
         assert len(overrun.chunk_ns) == 8 + EXTRA_CHUNKS + 1
+
+
+def test_an_engine_arg_config_file_is_read_within_bounds_and_its_values_checked_before_launch(tiny_model, tmp_path):
+    """Issue 37, item 2: `--engine-arg config=FILE` is read as --reference-config is (bombs and endless files
+    refused, values checked), its flags launched as engine args under those given beside it; vLLM never reads it."""
+    (tmp_path / "bomb.yaml").write_text(BOMB)
+    args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path / "out",
+                    slo=["tpot_p99_ms=50"], engine_arg=[f"config={tmp_path / 'bomb.yaml'}"])
+    with pytest.raises(UsageError, match=rf"^--engine-arg: {tmp_path / 'bomb.yaml'}: cannot read the config: "
+                                         "its aliases expand to more than 1,000,000 values"):
+        args.resolve()
+    (tmp_path / "c.yaml").write_text("max-num-seqs: 8\nmax-model-len: 2k\nenforce-eager: true\n")
+    given = args.model_copy(update={"engine_arg": [f"config={tmp_path / 'c.yaml'}", "max-num-seqs=16"]}).resolve()
+    assert given.engine_args == {"max_num_seqs": 16, "max_model_len": 2000, "enforce_eager": True}
+    (tmp_path / "c.yaml").write_text("max-num-seqs: abc\n")
+    with pytest.raises(UsageError, match=rf"^--engine-arg: {tmp_path / 'c.yaml'}: max-num-seqs=abc: not a "
+                                         "whole number above 0"):
+        args.model_copy(update={"engine_arg": [f"config={tmp_path / 'c.yaml'}"]}).resolve()
+    assert not (tmp_path / "out").exists()

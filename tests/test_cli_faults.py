@@ -189,3 +189,28 @@ def test_an_unwritable_json_path_is_refused_before_any_request(fake, tiny_model,
         assert proc.returncode == 2 and f"--json: cannot write {where}" in last_line(proc), proc.stderr
         assert why in last_line(proc)
     assert requests() == 0
+
+@pytest.mark.parametrize("fake", [["--metrics", "<html>not Prometheus</html>"]], indirect=True)
+def test_a_metrics_page_that_is_not_prometheus_text_leaves_the_servers_counters_out(fake, tiny_model, tmp_path):
+    """Issue 37, item 9: a 200 /metrics that is not Prometheus text was a ValueError traceback; bench against an
+    OpenAI-compatible server that is not vLLM measures it all the same, without vLLM's counters."""
+    url, requests = fake
+    proc = subprocess.run(bench(url, tiny_model, tmp_path / "o.json"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    result = json.loads((tmp_path / "o.json").read_text())
+    assert result["completed"] == 4 and result["server_metrics"] is None
+
+
+def test_a_server_that_does_not_answer_tokenize_as_vllm_fails_the_trial_as_data(fake, tiny_model):
+    """Issue 37, item 9: a /tokenize answer without `max_model_len` (here the fake server's 404) was a KeyError
+    traceback out of the trial; it is the trial's failure, saying what the server answered."""
+    from servetune.trial.server import preflight
+    from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
+
+    url, requests = fake
+    spec = WorkloadSpec.random(8, 4, 2)
+    failure = preflight(url, "fake", "completions", build_requests(spec, load_tokenizer(str(tiny_model)), count=2))
+    assert failure.kind == "not_vllm"
+    assert failure.reason == ('the server does not answer as vLLM does: /tokenize gave HTTP 404 without '
+                              'max_model_len: {"error": "not found"}')
+    assert requests() == 0

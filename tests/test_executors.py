@@ -16,7 +16,7 @@ import pytest
 
 from conftest import alive, wait_for
 from servetune.engine import InstalledVllm
-from servetune.engine.launcher import release_port, reserve_port
+from servetune.engine.ports import release_port, reserve_port
 from servetune.errors import ServetuneError
 from servetune.executors import Inline, Job, WorkerLost, make_executor
 from servetune.executors.local import LocalPool
@@ -128,7 +128,7 @@ time.sleep(600)
 def test_a_reserved_port_is_not_handed_out_again(monkeypatch):
     port, lock = reserve_port()
     offered = iter([port, port, port + 1 if port < 65535 else port - 1])
-    monkeypatch.setattr("servetune.engine.launcher.free_port", lambda host: next(offered))
+    monkeypatch.setattr("servetune.engine.ports.free_port", lambda host: next(offered))
     try:
         other, other_lock = reserve_port()
         assert other != port

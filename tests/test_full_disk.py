@@ -4,6 +4,7 @@ that fills during the work is said in one line, exit 1, with the results kept wh
 temporary directory, a tune's in its study; no lock file left."""
 
 import errno
+import json
 import os
 import re
 import resource
@@ -104,6 +105,7 @@ def test_a_disk_that_fills_during_a_bench_keeps_the_records_in_the_temporary_dir
         assert len(Path(kept.group(1)).read_text().splitlines()) == 401  # a header and every record
     finally:
         Path(kept.group(1)).unlink()
+        Path(kept.group(1)).parent.rmdir()
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "o.json"]  # no temporary file left
 
 
@@ -131,6 +133,7 @@ def test_results_that_cannot_be_written_go_to_the_temporary_directory_and_the_ru
         assert '"completed": 4' in fallback.read_text() and not json_out.exists()
     finally:
         fallback.unlink()
+        fallback.parent.rmdir()
 
 
 class Filling(StandIn):
@@ -171,3 +174,80 @@ def test_a_study_whose_disk_fills_during_the_tune_is_one_line_and_keeps_what_it_
     trials = optuna.load_study(study_name=STUDY_NAME, storage=default_storage(out)).trials
     assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].value == 5.0
     assert not list(full_disk.rglob("*.lock"))
+
+
+class RecordsUnwritable(StandIn):
+    """The second trial's level records cannot be written: the disk filled during it (its work raises ENOSPC, as
+    `LoadResult.save` does)."""
+
+    def submit(self, job):
+        if len(self.jobs) == 1:
+            self.jobs.append(job)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(job.out_dir / "level-01.records.jsonl"))
+        return super().submit(job)
+
+
+def test_a_disk_that_fills_during_a_trial_is_one_line_and_summary_json_says_what_was_kept(tiny_model, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """Issue 37, item 4: no OSError traceback, exit 1; summary.json is no longer `running`: it says the tune stopped
+    there, and keeps the trial measured before."""
+    out = tmp_path / "out"
+    monkeypatch.setattr("servetune.tuner.loop.make_executor", lambda *args: RecordsUnwritable({0: 5.0}, out))
+    monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
+    with pytest.raises(typer.Exit) as stop:
+        cli._tune_guarded(options(tiny_model, out, None, budget=2))
+    assert stop.value.exit_code == 1
+    err = capsys.readouterr().err
+    records = out / "trials" / "0001" / "level-01.records.jsonl"
+    assert " ".join(err[err.index("error: "):].split()) == (
+        f"error: the tune stopped: cannot write {records} (No space left on device); the study keeps what was "
+        f"measured before, and the outputs in {out} say so (state: interrupted): free space there and continue with "
+        "the same command and --resume")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["state"] == "interrupted" and summary["trials"] == 1
+    assert summary["not_done"] == [f"stopped: cannot write {records} (No space left on device): the trial running "
+                                   "then runs again on --resume"]
+
+
+def test_records_that_go_to_the_temporary_directory_are_the_users_alone_and_named_in_the_json(fake, tiny_model,
+                                                                                               tmp_path, monkeypatch):
+    """Issue 37, also seen: bench's fallback records went to /tmp/servetune-PID-*.records.jsonl at 0644 (another
+    user could read them), and its JSON did not say where they were."""
+    from servetune.loadgen import LoadResult
+
+    url, _ = fake
+    json_out = tmp_path / "o.json"
+    save = LoadResult.save
+
+    def full_there(self, path) -> None:
+        if Path(path) == json_out.with_suffix(".records.jsonl"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        save(self, path)
+
+    monkeypatch.setattr(LoadResult, "save", full_there)
+    run = run_bench(BenchOptions(json_out=json_out, model="fake", tokenizer=str(tiny_model), base_url=url,
+                                 workload=WorkloadSpec.random(8, 4, 4)))
+    fallback = Path(run.misplaced[0].rpartition("they are in ")[2])
+    try:
+        assert json.loads(json_out.read_text())["records"] == str(fallback)
+        assert os.stat(fallback).st_mode & 0o777 == 0o600 and os.stat(fallback.parent).st_mode & 0o077 == 0
+        assert len(fallback.read_text().splitlines()) == 5
+    finally:
+        fallback.unlink()
+        fallback.parent.rmdir()
+    monkeypatch.setattr(LoadResult, "save", save)
+    kept = tmp_path / "kept.json"
+    run_bench(BenchOptions(json_out=kept, model="fake", tokenizer=str(tiny_model), base_url=url,
+                           workload=WorkloadSpec.random(8, 4, 4)))
+    assert json.loads(kept.read_text())["records"] == str(kept.with_suffix(".records.jsonl"))
+
+
+def test_records_that_do_not_fit_raise_naming_their_file(full_disk):
+    """A write that fails (ENOSPC) has no file name of its own: the tune said "cannot write None"."""
+    from servetune.loadgen import LoadResult, RequestRecord
+
+    records = [RequestRecord(i, 8, 8, False, 0, chunk_ns=list(range(64))) for i in range(2000)]
+    with pytest.raises(OSError) as failed:
+        LoadResult(records, 1.0, 1.0, None, 0, 1, False).save(full_disk / "level-00.records.jsonl")
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(full_disk / "level-00.records.jsonl")
+    assert [p.name for p in full_disk.iterdir()] == ["filler"]

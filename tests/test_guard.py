@@ -75,3 +75,62 @@ def test_a_guard_whose_starter_died_before_it_was_up_runs_nothing(tmp_path):
     subprocess.run([sys.executable, str(GUARD), "touch", str(marker)], start_new_session=True, check=True,
                    env=os.environ | {"SERVETUNE_GUARD_PARENT": str(os.getpid())}, timeout=30)
     assert marker.exists()
+
+
+def test_a_server_stopped_while_an_interrupt_unwinds_gets_the_short_grace(tmp_path, monkeypatch):
+    """Issue 37, also seen: servetune took 5.6 s (tune) and 9-14 s (verify) to exit after SIGTERM, a vLLM that is
+    still starting up waiting out the whole grace before its KILL; stopped by an interrupt, a server gets
+    STOP_GRACE_S, so that servetune exits within a supervisor's 5 s."""
+    from servetune.interrupt import Interrupted
+    from servetune.testing.installed import VLLM_CPU
+
+    graces = []
+    monkeypatch.setattr(launcher, "probe", lambda python: VLLM_CPU)
+    monkeypatch.setattr(launcher, "_kill_group", lambda proc, grace_s: graces.append(grace_s))
+    engine = launcher.Engine("m", {}, tmp_path / "server.log")
+    engine.proc = subprocess.Popen(["true"])  # a stand-in: `_kill_group` is stood in for
+    engine.stop()
+    for stop in (Interrupted(signal.SIGTERM), KeyboardInterrupt()):
+        engine.proc = subprocess.Popen(["true"])
+        try:
+            raise stop
+        except KeyboardInterrupt:
+            engine.stop()
+    assert graces == [launcher.GRACE_S, launcher.STOP_GRACE_S, launcher.STOP_GRACE_S]
+    assert launcher.STOP_GRACE_S < 5 and launcher.GRACE_S > launcher.STOP_GRACE_S
+
+
+STUBBORN = textwrap.dedent("""
+    import signal, sys, time
+    from multiprocessing import shared_memory
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as vLLM while it starts up
+    segment = shared_memory.SharedMemory(create=True, size=1 << 20)  # as vLLM's message queues
+    print(segment.name, flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("killer", ["servetune", "guard"])
+def test_a_server_killed_after_its_grace_leaves_no_shared_memory(killer):
+    """A vLLM killed while it starts up left its message queues' shared memory in /dev/shm (two segments, ~400 MB,
+    a launch here): what the group's processes map when they are killed is removed once nobody maps it, whether
+    servetune kills the group (`_kill_group`) or the guard does (servetune gone)."""
+    command = [sys.executable, "-c", STUBBORN]
+    if killer == "guard":
+        command = [sys.executable, str(GUARD), *command]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env=os.environ | {"SERVETUNE_GRACE_S": "0.5"})
+    segment = Path("/dev/shm") / proc.stdout.readline().strip()
+    try:
+        assert segment.exists()
+        if killer == "servetune":
+            launcher._kill_group(proc, grace_s=0.5)
+        else:
+            proc.send_signal(signal.SIGTERM)  # what the guard gets when servetune dies
+            proc.wait(timeout=30)
+        assert wait_for(lambda: not _group(proc.pid), 10)
+        assert not segment.exists()
+    finally:
+        for pid in _group(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        segment.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ the first's files are kept."""
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -72,3 +73,18 @@ def test_a_second_bench_on_one_json_is_refused_and_the_first_is_kept(tiny_model,
         f"error: --json: {tmp_path / 'o.json'} exists (an earlier run's): move it away, or give another --json")
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == kept
     assert sorted(kept) == ["o.json", "o.records.jsonl"] and sent == 4
+
+
+def test_control_characters_in_what_is_printed_are_escaped(tmp_path):
+    """Issue 37, item 10: an --out holding ESC and a newline reached the terminal as they were (a colour change, a
+    line of the user's making); every printed line shows them escaped, one line each."""
+    odd = tmp_path / "a\x1b[31mred\nerror: fake\x9b"
+    wide = os.environ | {"COLUMNS": "500"}  # no line wrapped at the console's width
+    made = subprocess.run([*SERVETUNE, "model", "tiny", "--out", str(odd)], capture_output=True, text=True,
+                          timeout=120, env=wide)
+    refused = subprocess.run([*SERVETUNE, "report", "--out", str(odd)], capture_output=True, text=True, timeout=120,
+                             env=wide)
+    shown = str(tmp_path) + "/a\\x1b[31mred\\nerror: fake\\x9b"
+    assert made.returncode == 0 and made.stderr.splitlines() == [f"wrote the tiny model to {shown}"]
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [f"error: no servetune study in sqlite:///{shown}/study.db: no such file"]

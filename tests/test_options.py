@@ -85,3 +85,63 @@ def test_no_function_takes_more_than_eight_parameters():
                 if len(names) > 8:
                     long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({len(names)})")
     assert long == []
+
+
+@pytest.mark.parametrize(("slo", "what"), [("tpot_p99_ms=50", "TPOT"), ("itl_p99_ms=50", "ITL")])
+def test_a_latency_the_workloads_replies_cannot_show_is_refused_with_the_least_reply_that_can(tiny_model, tmp_path,
+                                                                                              slo, what):
+    """Issue 37, item 7: with 1-token replies no request has a TPOT or an inter-token gap: every level was "0 of 0
+    requests", p99 TPOT shown 0.0, exit 0 with no rate."""
+    (tmp_path / "w.yaml").write_text("num_requests: 50\ninput_len: {type: fixed, value: 32}\n"
+                                     "output_len: {type: fixed, value: 1}\n")
+    args = TuneArgs(model=str(tiny_model), workload=tmp_path / "w.yaml", out=tmp_path / "out", slo=[slo])
+    with pytest.raises(UsageError) as refused:
+        args.resolve()
+    assert str(refused.value) == (
+        f"--slo {slo.partition('=')[0]}: every reply of the workload is 1 token long, and {what} is measured between "
+        "a reply's tokens: give the workload's output_len at least 2 tokens, or bound ttft_p99_ms or e2el_p99_ms")
+    assert args.model_copy(update={"slo": ["ttft_p99_ms=50"]}).resolve().slo == {"ttft_p99_ms": 50.0}
+    (tmp_path / "w.yaml").write_text("num_requests: 50\ninput_len: {type: fixed, value: 32}\n"
+                                     "output_len: {type: uniform, min: 1, max: 2}\n")
+    assert args.resolve().slo == {slo.partition("=")[0]: 50.0}
+
+
+def test_a_level_size_that_could_never_decide_an_itl_slo_is_refused_with_the_least_that_can(tiny_model, tmp_path):
+    """Issue 37, item 7: `--level-requests 1` with an ITL SLO was accepted: a level rests on at least
+    --min-level-requests requests, and on enough of their gaps."""
+    args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path / "out",
+                    slo=["itl_p99_ms=25"], level_requests=1)
+    with pytest.raises(UsageError) as refused:
+        args.resolve()
+    assert str(refused.value) == (
+        "--level-requests 1: no level could pass itl_p99_ms: at 95% it passes only on at least 40 requests "
+        "(--min-level-requests) counted after the level fills up, and filling it takes more; use at least 140 (the "
+        "default is 600)")
+    (tmp_path / "w.yaml").write_text("num_requests: 50\ninput_len: {type: fixed, value: 32}\n"
+                                     "output_len: {type: fixed, value: 3}\n")
+    short = args.model_copy(update={"workload": tmp_path / "w.yaml", "level_requests": 100})
+    with pytest.raises(UsageError, match=r"^--level-requests 100: no level could pass itl_p99_ms: at 95% it passes "
+                                         r"only on at least 150 requests \(2 gaps each\) counted"):
+        short.resolve()
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("0.5s", "--time-limit 0.5s: less than vLLM's first launch on a machine takes (~2m00s on a CPU, more on a GPU): "
+             "give at least 2m00s"),
+    ("99999999999999h", "--time-limit 99999999999999h: more than 7 days: leave --time-limit out for a tune without "
+                        "one"),
+    ("5m5m", "--time-limit: '5m5m' is not a duration (e.g. 25m, 1h30m, 90s, or seconds; each unit once, hours "
+             "before minutes before seconds)"),
+])
+def test_a_time_limit_that_cannot_hold_a_launch_or_repeats_a_unit_is_refused(tiny_model, tmp_path, given, message):
+    """Issue 37, item 8: `0.5s` ran 29 s and said "29s of 29s"; `5m5m` was read as 10 minutes; `99999999999999h`
+    was taken. The demo's own limit is held to the same least."""
+    args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path / "out",
+                    slo=["tpot_p99_ms=25"], time_limit=given)
+    with pytest.raises(UsageError) as refused:
+        args.resolve()
+    assert str(refused.value) == message
+    assert args.model_copy(update={"time_limit": "2m"}).resolve().time_limit_s == 120
+    with pytest.raises(UsageError) as refused:
+        DemoArgs(out=tmp_path, time_limit=given).limit_s()
+    assert str(refused.value) == message

@@ -139,3 +139,40 @@ def test_on_a_full_disk_the_lock_is_refused_and_no_file_is_left(full_disk):
     with pytest.raises(StudyError, match="cannot write the lock file .*: No space left on device"):
         StudyLock(full_disk, f"sqlite:///{full_disk / 'study.db'}").acquire()
     assert [p.name for p in full_disk.iterdir()] == ["filler"]
+
+
+def test_the_lock_of_another_servers_study_is_never_made_through_a_planted_symlink(tmp_path, monkeypatch):
+    """Issue 37, item 1: the study-lock directory of a non-SQLite, non-PostgreSQL study in TMPDIR, planted by a
+    neighbour as a symlink to a directory of theirs, is not followed: the tune's lock lies in this user's own."""
+    import tempfile
+
+    shared, victim = tmp_path / "shared", tmp_path / "victim"
+    shared.mkdir()
+    victim.mkdir()
+    (shared / "servetune-study-locks").symlink_to(victim)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    (tmp_path / "out").mkdir()
+    held = StudyLock(tmp_path / "out", "mysql+pymysql://alice@db.example/tunes").acquire()
+    try:
+        assert list(victim.iterdir()) == []
+    finally:
+        held.release()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "hardlink"])
+def test_a_lock_file_planted_as_a_link_to_another_file_is_refused_and_the_file_left_as_it_was(tmp_path, planted):
+    """`out/.servetune.lock` as a link to a file of someone's: the tuner is refused in one line; the file keeps its
+    bytes (it is neither truncated nor written) and stays."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    if planted == "symlink":
+        (out / StudyLock.FILE).symlink_to(victim)
+    else:
+        os.link(victim, out / StudyLock.FILE)
+    with pytest.raises(StudyError, match=rf"^{out}/\.servetune\.lock is not a lock file of this user's "):
+        StudyLock(out, f"sqlite:///{tmp_path / 'study.db'}").acquire()
+    assert victim.read_text() == "precious\n"
+    assert (out / StudyLock.FILE).is_symlink() == (planted == "symlink")

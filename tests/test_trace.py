@@ -166,3 +166,17 @@ def test_real_server_replays_a_trace(vllm_server, tiny_model, tokenizer):
     assert all(r.ok for r in records) and len(records) == 20
     assert [r.prompt_tokens for r in records] == [r.prompt_len for r in records]
     assert [r.output_tokens for r in records] == [r.expected_output_len for r in records]
+
+
+@pytest.mark.parametrize(("stamp", "shown"), [("1e300", "1e+300"), ("100000000", "100,000,000")])
+def test_an_arrival_more_than_a_day_after_the_one_before_is_refused_naming_its_line(tmp_path, stamp, shown):
+    """Issue 37, item 5: a timestamp of 1e300 overflowed the replay's schedule (OverflowError); one of 1e8 s made
+    bench wait three years for it."""
+    path = tmp_path / "t.csv"
+    path.write_text(f"timestamp,input_tokens,output_tokens\n0,10,4\n{stamp},10,4\n0,10,4\n")
+    with pytest.raises(WorkloadError) as refused:
+        read_trace(path)
+    assert str(refused.value) == (f"{path}:3: arrives {shown} s after the request before it: a replay would wait "
+                                  "that long (at most 86,400 s, a day, between arrivals): cut the trace there")
+    path.write_text("timestamp,input_tokens,output_tokens\n0,10,4\n86400,10,4\n")
+    assert [r.arrival_s for r in read_trace(path)] == [0.0, 86400.0]

@@ -14,7 +14,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import vllm_processes, wait_for
-from servetune.engine.launcher import free_port
+from servetune.engine.ports import free_port
 from servetune.study.record import StudyRecord
 from servetune.study.storage import STUDY_NAME
 

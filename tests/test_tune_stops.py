@@ -89,7 +89,8 @@ def summary_of(tmp_path) -> dict:
 
 def test_durations_read_as_a_person_writes_them():
     assert parse_duration("25m") == 1500 and parse_duration("1h30m") == 5400 and parse_duration("90") == 90
-    for bad in ("soon", "0m", "-5m", "5 minutes"):
+    assert parse_duration("1h5s") == 3605 and parse_duration("2.5m") == 150
+    for bad in ("soon", "0m", "-5m", "5 minutes", "5m5m", "30s5m", "1h2h"):  # issue 37, item 8: each unit once
         with pytest.raises(ValueError):
             parse_duration(bad)
 
@@ -293,3 +294,54 @@ def test_the_cli_says_a_lost_worker_in_one_line(monkeypatch, capsys):
         cli._tune_guarded(None)
     assert stop.value.exit_code == 1
     assert "a trial's worker was lost (ActorDiedError: the worker died)" in capsys.readouterr().err
+
+
+def test_a_resume_with_other_settings_is_refused_before_any_prompt_is_built(tiny_model, tmp_path, monkeypatch):
+    """Issue 37, item 6: the options that define the study are compared once its lock is taken, before the
+    tokenizer is loaded (it took 112 s of prompts before); with the same options a resume goes on to its prompts."""
+
+    class PromptsBuilt(Exception):
+        pass
+
+    def prompts(*args, **kwargs):
+        raise PromptsBuilt
+
+    tune(options(tiny_model, tmp_path, budget=1, confirm=False), executor=StandIn({0: 5.0}, tmp_path / "out"))
+    monkeypatch.setattr("servetune.tuner.loop.load_tokenizer", prompts)
+    again = options(tiny_model, tmp_path, budget=2, resume=True, confirm=False)
+    with pytest.raises(PromptsBuilt):
+        tune(again, executor=StandIn({1: 6.0}, tmp_path / "out"))
+    with pytest.raises(StudyError, match=r'^--resume: the level options \(.*\) differs from the study\'s: it was '
+                                         r'\{"requests": 20\}, now \{"requests": 40\}'):
+        tune(TuneOptions(**{**again.__dict__, "levels": LevelOptions(requests=40, max_levels=1)}),
+             executor=StandIn({1: 6.0}, tmp_path / "out"))
+    with pytest.raises(StudyError, match=r"^--resume: --engine-arg differs"):
+        tune(TuneOptions(**{**again.__dict__, "engine_args": {"max_num_seqs": 8}}),
+             executor=StandIn({1: 6.0}, tmp_path / "out"))
+
+
+def test_a_stop_before_a_resumed_tune_began_says_the_outputs_state_as_they_are(tiny_model, tmp_path, monkeypatch,
+                                                                               capsys):
+    """Issue 37, item 6: a SIGTERM while a --resume builds its prompts printed "state: interrupted" while
+    summary.json, untouched, still said complete: the line now says the state the outputs have."""
+    import signal
+
+    import typer
+
+    from servetune import cli
+    from servetune.interrupt import Interrupted
+
+    tune(options(tiny_model, tmp_path, budget=1, confirm=False), executor=StandIn({0: 5.0}, tmp_path / "out"))
+
+    def stopped(*args, **kwargs):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr("servetune.tuner.loop.load_tokenizer", stopped)
+    monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
+    with pytest.raises(typer.Exit) as stop:
+        cli._tune_guarded(options(tiny_model, tmp_path, budget=2, resume=True, confirm=False))
+    assert stop.value.exit_code == 143
+    err = " ".join(capsys.readouterr().err.split())
+    assert summary_of(tmp_path)["state"] == "complete"
+    assert err == (f"error: interrupted (SIGTERM); no server is left running; the outputs in {tmp_path / 'out'} are "
+                   "as they were (state: complete). Continue with the same command and --resume")

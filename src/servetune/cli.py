@@ -140,7 +140,7 @@ def model_tiny(args: ModelTinyArgs) -> None:
     from servetune.tinymodel import write_tiny_model
 
     write_tiny_model(args.out)
-    console.print(f"wrote the tiny model to {args.out}")
+    say(f"wrote the tiny model to {args.out}")
 
 
 @command(app, BenchArgs)
@@ -216,7 +216,7 @@ def demo(args: DemoArgs) -> None:
     with one_line_errors():
         limit_s = args.limit_s()
     model = write_tiny_model(args.out / "tiny-llama")
-    console.print(f"wrote the tiny model to {model}")
+    say(f"wrote the tiny model to {model}")
     with one_line_errors():
         resumed = _resumed(args.out) if args.resume else None
     if resumed is not None:
@@ -245,8 +245,8 @@ def _resumed(out) -> "tuple[float, object]":
 
 
 def _tune_guarded(opts: "TuneOptions") -> None:
-    """The tune, its errors in one line: a user's (exit 2), workers lost or a study storage that fails (a full
-    disk; exit 1), a stop (130/143)."""
+    """The tune, its errors in one line: a user's (exit 2), workers lost, a study storage that fails or a trial's
+    file that cannot be written (a full disk; exit 1), a stop (130/143)."""
     from optuna.exceptions import StorageInternalError
     from sqlalchemy.exc import OperationalError
 
@@ -264,13 +264,27 @@ def _tune_guarded(opts: "TuneOptions") -> None:
         fail(f"the study's storage failed ({cause}): what it was told before is kept in "
              f"{shown_url(opts.storage or default_storage(opts.out))}, the outputs in {opts.out} as last written; "
              "once it can be written again, continue with the same command and --resume", code=1)
+    except OSError as e:  # a disk that filled up during the tune (one that was full is refused before it)
+        fail(f"the tune stopped: cannot write {e.filename} ({e.strerror or e}); the study keeps what was measured "
+             f"before, and the outputs in {opts.out} say so (state: interrupted): free space there and continue "
+             "with the same command and --resume", code=1)
     except WorkerError as e:
         fail(str(e), code=1)
     except WorkerLost as e:  # the tuner queues a lost trial again: one that escapes it is said in a line all the same
         fail(f"a trial's worker was lost ({e}): continue with the same command and --resume", code=1)
     except KeyboardInterrupt as e:
-        interrupted(e, f"; the outputs in {opts.out} say what was measured (state: interrupted). Continue with "
-                       "the same command and --resume")
+        interrupted(e, _outputs_as_left(opts.out))
+
+
+def _outputs_as_left(out) -> str:
+    """What a stopped tune left in `out`, as its summary.json says: written as interrupted, or untouched (stopped
+    before a resumed tune began), or none (before anything was measured)."""
+    try:
+        state = json.loads((out / "summary.json").read_text())["state"]
+    except (OSError, ValueError, KeyError):
+        return "; nothing was measured yet: run the same command again"
+    said = "say what was measured" if state == "interrupted" else "are as they were"
+    return f"; the outputs in {out} {said} (state: {state}). Continue with the same command and --resume"
 
 
 def _tune(opts: "TuneOptions") -> "Summary":

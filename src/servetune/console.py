@@ -3,6 +3,7 @@ result table. It reads the typed results (`LevelMetrics`, `Summary`, `VerifyResu
 else."""
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,12 +30,29 @@ if TYPE_CHECKING:
     from servetune.study.results import Summary, SummaryEntry
     from servetune.verify import ClientResult, VerifyResult
 
-console = Console(stderr=True)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 and C1 controls but tab: a newline included
 
 
-def say(text: str) -> None:
-    """A line as it is (no markup, no highlighting)."""
-    console.print(escape(text), highlight=False)
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape (`\\n`, `\\x1b`): what a path, a model's name or
+    a server's answer holds is shown, never acted on by the terminal, and every printed line is one line."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+class _Console(Console):
+    """Rich's console, printing every text (a line, a table's cells and title) through `printable`."""
+
+    def render_str(self, text: str, **kwargs) -> Text:
+        return super().render_str(printable(text), **kwargs)
+
+
+console = _Console(stderr=True)
+
+
+def say(*lines: str) -> None:
+    """Lines as they are (no markup, no highlighting)."""
+    for line in lines:
+        console.print(escape(line), highlight=False)
 
 
 def warn(text: str) -> None:

@@ -70,16 +70,28 @@ def check_writable(path: Path) -> None:
 
 def write_or_beside(path: Path, write: Callable[[Path], None], what: str) -> tuple[Path | None, str | None]:
     """`write(path)`; if that fails (a full disk, a directory gone read-only), `write` to a file of the same name in
-    the temporary directory instead. (Where it went, None if nowhere; None, or a sentence saying where `what` is
-    and why not at `path`.)"""
+    a directory of this process's own in the temporary directory (`kept_dir`), readable by this user alone. (Where
+    it went, None if nowhere; None, or a sentence saying where `what` is and why not at `path`.)"""
     try:
         write(path)
         return path, None
     except OSError as e:
         failed = f"{what} could not be written to {path} ({e.strerror or e})"
     try:
-        fallback = Path(tempfile.gettempdir()) / f"servetune-{os.getpid()}-{path.name}"
+        fallback = kept_dir() / path.name
         write(fallback)
+        os.chmod(fallback, 0o600)
     except OSError as e:
         return None, f"{failed} nor to the temporary directory ({e.strerror or e})"
     return fallback, f"{failed}; they are in {fallback}"
+
+
+_kept: list[Path] = []
+
+
+def kept_dir() -> Path:
+    """This process's directory for what could not be written where asked: made 0700 under a name nobody else can
+    have taken (`tempfile.mkdtemp`), again if it was removed."""
+    if not (_kept and _kept[-1].is_dir()):
+        _kept.append(Path(tempfile.mkdtemp(prefix=f"servetune-kept-{os.getpid()}-")))
+    return _kept[-1]

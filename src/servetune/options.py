@@ -4,6 +4,7 @@ command runs (`BenchOptions`, `TuneOptions`, a `VerifyPlan`), naming the option 
 (UsageError); the tests build the same models. Heavy modules are imported where a value is checked, so that
 `servetune --help` stays quick."""
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,12 +18,17 @@ from servetune.jsonio import check_writable
 from servetune.knobs import optional_help
 from servetune.measure.slo import GOODPUT_KEYS, Objective
 from servetune.search.strategies import strategy_help
+from servetune.timelimit import GUESS_LAUNCH_S, duration, parse_duration
 
 if TYPE_CHECKING:
     from servetune.measure.benchrun import BenchOptions
     from servetune.tuner.loop import TuneOptions
     from servetune.verify import VerifyPlan
     from servetune.workload import WorkloadSpec
+
+
+MIN_TIME_LIMIT_S = GUESS_LAUNCH_S["cpu"][0]  # vLLM's first launch on a CPU, as the time plan guesses it
+MAX_TIME_LIMIT_S = 7 * 86_400.0
 
 
 class UsageError(ServetuneError):
@@ -103,6 +109,8 @@ class BenchArgs(_Args):
             raise UsageError("give exactly one of --base-url URL (a running server) or --launch")
         if self.engine_arg and not self.launch:
             raise UsageError("--engine-arg needs --launch")
+        if self.launch:
+            check_lock_directory()
         model = local_model(self.model) if self.launch else self.model
         return BenchOptions(json_out=self.json_out, model=model, workload=self._workload(), base_url=self.base_url,
                             goodput_slo=self._goodput_slo(), engine_args=engine_args(self.engine_arg),
@@ -209,9 +217,11 @@ class TuneArgs(_Args):
         from servetune.trial.run import LevelOptions
         from servetune.tuner.loop import TuneOptions
         from servetune.workload import load_workload
+        from servetune.workload.load import reply_lengths
 
         if self.strategy not in REGISTRY:
             raise UsageError(f"--strategy: unknown strategy {self.strategy!r}; choose from {', '.join(REGISTRY)}")
+        check_lock_directory()
         slo_pairs = pairs(self.slo, "--slo")
         with about("--slo"):
             slos = parse_slo(slo_pairs)
@@ -219,11 +229,12 @@ class TuneArgs(_Args):
         levels = LevelOptions(requests=self.level_requests, min_requests=self.min_level_requests,
                               max_levels=self.max_levels, confidence=self.confidence,
                               request_timeout_s=self.request_timeout)
-        self._check_level_requests(slos)
+        workload = load_workload(self.workload)
+        self._check_levels_decide(slos, reply_lengths(workload))
         with about("--reference-config"):
             references = [read_config_yaml(path) for path in self.reference_config]
         opts = TuneOptions(
-            model=local_model(self.model), workload=load_workload(self.workload), out=self.out, slo=slos,
+            model=local_model(self.model), workload=workload, out=self.out, slo=slos,
             objective=self.objective, strategy=self.strategy, budget=self.budget, storage=self.study,
             resume=self.resume, engine_args=engine_args(self.engine_arg), references=references,
             optional_knobs=tuple(self.knob), tokenizer=self.tokenizer, levels=levels, seed=self.seed,
@@ -233,22 +244,29 @@ class TuneArgs(_Args):
         self._check_study()
         return opts
 
-    def _check_level_requests(self, slos: dict[str, float]) -> None:
-        """A level of --level-requests can pass each request-level p99 SLO (TTFT, TPOT, E2EL): it needs
+    def _check_levels_decide(self, slos: dict[str, float], replies: tuple[float, float] | None) -> None:
+        """Every SLO can be decided by a level: TPOT and ITL need replies of 2 tokens or more (`replies`: the
+        workload's longest and mean reply, where known), and a level of --level-requests can pass each SLO: it needs
         `verdict.least_counted` requests counted after it fills up, and a few more for the fill."""
-        from servetune.measure.slo import latency
+        from servetune.measure.slo import ITL, TPOT, TTFT, latency
         from servetune.measure.verdict import least_counted
         from servetune.trial.run import FILL_SPARE
 
-        per_request = [name for name in slos if latency(name).per_request is not None]
-        if not per_request:
-            return
-        counted = least_counted(dict.fromkeys(per_request, 0.0), self.confidence, self.min_level_requests, 1.0)
-        if self.level_requests < counted + FILL_SPARE:
+        between = [name for name in slos if latency(name) in (TPOT, ITL)]
+        if between and replies is not None and replies[0] < 2:
+            raise UsageError(f"--slo {between[0]}: every reply of the workload is 1 token long, and "
+                             f"{latency(between[0]).label} is measured between a reply's tokens: give the workload's "
+                             f"output_len at least 2 tokens, or bound {TTFT.slo} or e2el_p99_ms")
+        gaps = replies[1] - 1 if replies is not None else math.inf  # an ITL level counts gaps
+        counted = least_counted(slos, self.confidence, self.min_level_requests, gaps)
+        if slos and self.level_requests < counted + FILL_SPARE:
+            per_request = any(latency(name).per_request is not None for name in slos)
+            why = (" (--min-level-requests)" if counted == self.min_level_requests
+                   else "" if per_request else f" ({gaps:.0f} gaps each)")
             raise UsageError(
-                f"--level-requests {self.level_requests}: no level could pass {', '.join(per_request)}: a p99 of "
-                f"requests passes at {self.confidence:.0%} only on at least {counted} requests counted after the "
-                f"level fills up, and filling it takes more; use at least {counted + 100} (the default is 600)")
+                f"--level-requests {self.level_requests}: no level could pass {', '.join(slos)}: at "
+                f"{self.confidence:.0%} it passes only on at least {counted} requests{why} counted after the level "
+                f"fills up, and filling it takes more; use at least {counted + 100} (the default is 600)")
 
     def _check_study(self) -> None:
         """--study readable as SQLAlchemy reads it (its password remembered, so that nothing prints it), and with
@@ -262,14 +280,7 @@ class TuneArgs(_Args):
             check_storage(self.study or default_storage(self.out), resume=True)
 
     def _time_limit_s(self) -> float | None:
-        from servetune.timelimit import parse_duration
-
-        if self.time_limit is None:
-            return None
-        try:
-            return parse_duration(self.time_limit)
-        except ValueError as e:
-            raise UsageError(f"--time-limit: {e}") from None
+        return None if self.time_limit is None else time_limit_s(self.time_limit)
 
 
 class DemoArgs(_Args):
@@ -285,21 +296,17 @@ class DemoArgs(_Args):
 
     def limit_s(self) -> float:
         """The demo's time limit in seconds."""
-        from servetune.timelimit import parse_duration
-
-        try:
-            return parse_duration(self.time_limit)
-        except ValueError as e:
-            raise UsageError(f"--time-limit: {e}") from None
+        return time_limit_s(self.time_limit)
 
     def tune(self, model: Path, itl_slo_ms: float, time_limit_s: float, reference: Path | None = None) -> TuneArgs:
-        """The tune of the tiny model written to `model`, under p99 ITL <= `itl_slo_ms`, within `time_limit_s`; with a
-        `reference` config, that config and the defaults alone (budget 2)."""
+        """The tune of the tiny model written to `model`, under p99 ITL <= `itl_slo_ms`, within `time_limit_s` (at
+        least what a tune is allowed: the machine's measure may leave less); with a `reference` config, that config
+        and the defaults alone (budget 2)."""
         from servetune.demo import WORKLOAD
 
         return TuneArgs(model=str(model.resolve()), workload=WORKLOAD, out=self.out, slo=[f"itl_p99_ms={itl_slo_ms:g}"],
                         strategy="optuna", budget=2 if reference else self.budget, resume=self.resume, seed=0,
-                        time_limit=f"{max(1.0, time_limit_s):.0f}s", level_requests=400, max_levels=4,
+                        time_limit=f"{max(MIN_TIME_LIMIT_S, time_limit_s):.0f}s", level_requests=400, max_levels=4,
                         reference_config=[reference] if reference else [])
 
 
@@ -402,6 +409,7 @@ class VerifyArgs(_Args):
                               tune_note=tuned.note if tuned else None)
         json_out = self.json_out or self.out / "verify.json"
         writable(json_out, "--json")
+        check_lock_directory()
         return plan, json_out
 
 
@@ -435,15 +443,28 @@ def pairs(values: Sequence[str], option: str) -> dict[str, Any]:
 
 
 def engine_args(values: Sequence[str]) -> dict[str, Any]:
-    """--engine-arg's `key=value` pairs, each value checked against what its declaration takes (`knobs.checked`)."""
-    return checked_args(pairs(values, "--engine-arg"), "--engine-arg")
+    """--engine-arg's `key=value` pairs, each value checked against what its declaration takes (`knobs.checked`). A
+    `config=FILE` is read here (`read_config_yaml`), never by vLLM: its flags, under the pairs given beside it."""
+    args = pairs(values, "--engine-arg")
+    config = args.pop("config", None)
+    if config is None:
+        return checked_args(args, "--engine-arg")
+    if not isinstance(config, str) or not config:
+        raise UsageError(f"--engine-arg: config={config}: not the path of a vLLM config file")
+    with about("--engine-arg"):
+        from_file = read_config_yaml(Path(config))
+    return from_file | checked_args(args, "--engine-arg")
 
 
 def checked_args(args: dict[str, Any], where: str) -> dict[str, Any]:
-    """Engine args with each value checked against what its declaration takes (`knobs.checked`); UsageError naming
-    `where`, the argument and what it takes, for the first bad one."""
+    """Engine args with each value checked against what its declaration takes (`knobs.checked`), and none of
+    servetune's own (`engine.args.SERVETUNES_OWN`); UsageError naming `where`, the argument and what it takes (or
+    what to use instead), for the first bad one."""
+    from servetune.engine.args import SERVETUNES_OWN
     from servetune.knobs import checked
 
+    if own := next((key for key in args if key in SERVETUNES_OWN), None):
+        raise UsageError(f"{where}: {own.replace('_', '-')}: {SERVETUNES_OWN[own]}")
     try:
         return {key: checked(key, value) for key, value in args.items()}
     except ValueError as e:
@@ -462,6 +483,33 @@ def check_study_url(study: str | None) -> None:
         raise UsageError("--study: the password holds an unescaped '@' (SQLAlchemy would take what follows it for "
                          "the host): write it as %40")
     storage_url(study)
+
+
+def check_lock_directory() -> None:
+    """Before any work, a launch's port-lock directory made (or found) this user's alone (`servetune.private`); a
+    neighbour's in its place is refused in one line."""
+    from servetune.engine.ports import port_locks
+
+    try:
+        port_locks()
+    except FileNotFoundError:  # no temporary directory can be written at all: the command's own write check says so
+        pass
+
+
+def time_limit_s(text: str) -> float:
+    """--time-limit in seconds (`timelimit.parse_duration`): at least vLLM's first launch on a CPU (a limit that
+    holds no launch ran the first trial past it all the same), at most MAX_TIME_LIMIT_S."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise UsageError(f"--time-limit: {e}") from None
+    if seconds < MIN_TIME_LIMIT_S:
+        least = duration(MIN_TIME_LIMIT_S)
+        raise UsageError(f"--time-limit {text}: less than vLLM's first launch on a machine takes (~{least} on a CPU, "
+                         f"more on a GPU): give at least {least}")
+    if seconds > MAX_TIME_LIMIT_S:
+        raise UsageError(f"--time-limit {text}: more than 7 days: leave --time-limit out for a tune without one")
+    return seconds
 
 
 def check_timeout(request_timeout: float | None) -> float | None:

@@ -35,7 +35,8 @@ STOP_S = 10.0  # stopping a server and writing outputs
 LAUNCH_SPARE = 1.25  # the head-to-head's launch is kept this much longer than launches took: it must not miss
 LEVELS_PER_TRIAL = 2  # deciding levels a trial is given its share of the limit for (`TimePlan.level_s`)
 
-_UNITS = {"h": 3600, "m": 60, "s": 1}
+_NUMBER = r"(\d+(?:\.\d+)?)"
+_DURATION = re.compile(f"(?:{_NUMBER}h)?(?:{_NUMBER}m)?(?:{_NUMBER}s)?")  # each unit once, in this order
 
 
 class Clock(Protocol):
@@ -45,14 +46,16 @@ class Clock(Protocol):
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in '25m', '1h30m', '90s' or '1500' (seconds); ValueError naming the text otherwise."""
+    """Seconds in '25m', '1h30m', '90s' or '1500' (seconds), each unit at most once, hours before minutes before
+    seconds; ValueError naming the text otherwise."""
     text = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
+    if re.fullmatch(_NUMBER, text):
         seconds = float(text)
-    elif re.fullmatch(r"(\d+(\.\d+)?[hms])+", text):
-        seconds = sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([hms])", text))
+    elif text and (parts := _DURATION.fullmatch(text)):
+        seconds = sum(float(n) * unit for n, unit in zip(parts.groups(), (3600, 60, 1)) if n is not None)
     else:
-        raise ValueError(f"{text!r} is not a duration (e.g. 25m, 1h30m, 90s, or seconds)")
+        raise ValueError(f"{text!r} is not a duration (e.g. 25m, 1h30m, 90s, or seconds; each unit once, hours "
+                         "before minutes before seconds)")
     if not seconds > 0:
         raise ValueError(f"{text!r} is not a positive duration")
     return seconds

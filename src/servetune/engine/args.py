@@ -15,6 +15,22 @@ from servetune.knobs import CPU_KVCACHE_SPACE  # not a vLLM flag: launched as --
 
 PSEUDO_ARGS = frozenset({CPU_KVCACHE_SPACE})
 
+# What servetune sets itself, or what would change how it launches and reaches its server (vLLM keeps the last of a
+# repeated flag): refused from the user's engine args (`options.checked_args`), each with what to do instead.
+_LOOPBACK = ("servetune's server listens on 127.0.0.1 only, on a port it picks: to measure a server of yours, run it "
+             "yourself and use `servetune bench --base-url`")
+_SECRET = "servetune's server lets in only servetune (a secret of each launch's)"
+_PLAIN = "servetune speaks plain HTTP to its server on loopback"
+SERVETUNES_OWN = {
+    "host": _LOOPBACK, "port": _LOOPBACK, "uds": _LOOPBACK, "middleware": _SECRET, "api_key": _SECRET,
+    "model": "use --model", "served_model_name": "use --model (servetune's requests name the model by it)",
+    **dict.fromkeys(("ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "ssl_ciphers",
+                     "enable_ssl_refresh"), _PLAIN),
+    "headless": "servetune measures vLLM's API server, which a headless vLLM does not start",
+    "config": "servetune reads one config file itself (`--engine-arg config=FILE`): copy the flags of the other "
+              "into it",
+}
+
 
 def normalize(engine_args: Mapping[str, Any]) -> dict[str, Any]:
     """Keys in snake_case ('max-num-seqs' and 'max_num_seqs' are the same flag)."""

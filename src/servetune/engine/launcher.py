@@ -1,11 +1,10 @@
 """Launch a vLLM OpenAI-compatible server that only servetune may use, wait until it is ready, and always stop it."""
 
 import atexit
-import fcntl
 import os
 import secrets
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,10 +17,12 @@ from typing import Any
 
 import httpx
 
-from servetune.engine._guard import GUARD_PARENT_ENV
+from servetune.engine._guard import GUARD_PARENT_ENV, GUARD_SCRATCH_ENV, kill_others
 from servetune.engine.args import CPU_KVCACHE_SPACE, normalize, to_argv
 from servetune.engine.installed import InstalledVllm, probe
 from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, classify_failure, parse_startup
+from servetune.engine.ports import release_port, reserve_port
+from servetune.private import private_dir
 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
 _GUARD = Path(__file__).with_name("_guard.py")
@@ -32,6 +33,8 @@ SECRET_USER = "servetune"
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _PORT_IN_USE = "Address already in use"
 LAUNCH_TRIES = 3  # launches that lost their port to another process before ready are tried again
+GRACE_S = 8.0  # a server stopped when its work is done: time to shut down before it is killed
+STOP_GRACE_S = 2.0  # one stopped by an interrupt (vLLM still starting up ignores SIGTERM until it is up)
 
 
 class EngineFailed(RuntimeError):
@@ -40,71 +43,6 @@ class EngineFailed(RuntimeError):
     def __init__(self, failure: LaunchFailure):
         super().__init__(f"{failure.kind}: {failure.reason}")
         self.failure = failure
-
-
-def port_locks() -> Path:
-    """The directory of the port locks, sticky and world-writable like /tmp (found when first needed: a full
-    temporary directory fails the reservation, not the import)."""
-    return Path(tempfile.gettempdir()) / "servetune-port-locks"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def reserve_port(host: str = "127.0.0.1") -> tuple[int, int]:
-    """A free port that no other servetune process on this host holds: (port, fd of its lock file); give it
-    back with `release_port`. The lock (flock, released when the fd closes or the process dies) keeps trials
-    running side by side, in one servetune or several, of any user, from handing the same port to two
-    servers. The lock directory is sticky and world-writable like /tmp, and a lock file is opened read-only,
-    so one user's files serve every user."""
-    locks = port_locks()
-    try:
-        locks.mkdir()
-        locks.chmod(0o1777)  # mkdir's mode is cut by the umask
-    except FileExistsError:
-        pass
-    _sweep_stale_locks()
-    while True:
-        port = free_port(host)
-        path = locks / f"{port}.lock"
-        fd = os.open(path, os.O_CREAT | os.O_RDONLY, 0o444)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                return port, fd
-        except (BlockingIOError, FileNotFoundError):
-            pass
-        os.close(fd)  # held by another, or unlinked by its releaser since we opened it
-
-
-def _sweep_stale_locks() -> None:
-    """Remove the lock files nobody holds: those of a servetune that was killed (SIGKILL) before releasing."""
-    for path in port_locks().glob("*.lock"):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                path.unlink()
-        except OSError:  # held, gone already, or another user's file in the sticky directory
-            pass
-        finally:
-            os.close(fd)
-
-
-def release_port(port: int, fd: int) -> None:
-    """Remove the lock file `reserve_port` made (others' files in the sticky directory stay) and unlock."""
-    try:
-        (port_locks() / f"{port}.lock").unlink()
-    except OSError:
-        pass
-    os.close(fd)
 
 
 def resolve_args(engine_args: Mapping[str, Any], vllm: InstalledVllm) -> dict[str, Any]:
@@ -153,6 +91,7 @@ class Engine:
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
+        self.scratch: Path | None = None  # the server's own temporary directory while it runs
         self.secret = secrets.token_urlsafe(32)
 
     @property
@@ -173,16 +112,20 @@ class Engine:
         ]
 
     def env(self) -> dict[str, str]:
-        """The server's environment: this one's, vLLM's settings, `extra_env`, and the access middleware's
-        directory and secret (which nothing overrides)."""
+        """The server's environment: this one's, vLLM's settings, `extra_env`, the access middleware's directory and
+        secret, and its own temporary directory, `scratch` (which nothing overrides): vLLM's file store
+        (vllm_dist_*) and IPC sockets go there, and with it once the server stops; torch's compile cache is shared
+        by every launch (`_compile_cache`)."""
         env = dict(os.environ)
         env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                    "PYTHONUNBUFFERED": "1"})
+                    "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": _compile_cache()})
         if self.vllm.on_cpu:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
         env.update(self.extra_env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SERVERSIDE), env.get("PYTHONPATH")]))
         env[SECRET_ENV] = self.secret
+        if self.scratch is not None:
+            env["TMPDIR"] = env[GUARD_SCRATCH_ENV] = str(self.scratch)
         return env
 
     def start(self) -> StartupFacts:
@@ -209,6 +152,7 @@ class Engine:
 
     def _launch(self) -> None:
         self.port, self._port_lock = reserve_port(self.host)
+        self.scratch = Path(tempfile.mkdtemp(prefix="vllm-"))  # short: vLLM's socket paths in it are at most 107
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(self.argv()) + "\n").encode())
             log.flush()
@@ -246,15 +190,21 @@ class Engine:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self, grace_s: float = 8.0) -> None:
-        """Stop the whole process group: TERM (the guard forwards it), then KILL after `grace_s`."""
+    def stop(self) -> None:
+        """Stop the whole process group: TERM (the guard forwards it), then KILL after GRACE_S, or STOP_GRACE_S while
+        an interrupt unwinds (a KeyboardInterrupt being handled: servetune exits within a supervisor's 5 s); then
+        remove its temporary directory."""
+        grace_s = STOP_GRACE_S if isinstance(sys.exc_info()[1], KeyboardInterrupt) else GRACE_S
         proc, self.proc = self.proc, None
         lock, self._port_lock = self._port_lock, None
+        scratch, self.scratch = self.scratch, None
         _LIVE.discard(self)
         if proc is not None:
             _kill_group(proc, grace_s)
         if lock is not None:  # the port is free for others once its server is gone (or never started)
             release_port(self.port, lock)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def __enter__(self) -> "Engine":
         self.start()
@@ -265,17 +215,26 @@ class Engine:
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """TERM the group led by `proc`, wait up to `grace_s` for it, then KILL what is left."""
+    """TERM the group led by `proc`, wait up to `grace_s` for it, then KILL what is left, and remove the shared
+    memory it mapped (`_guard.kill_others`)."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace_s)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_others(proc.pid)
     proc.wait()
+
+
+def _compile_cache() -> str:
+    """torch's compile cache: the user's TORCHINDUCTOR_CACHE_DIR, else this user's own directory
+    (`servetune.private`), shared by every launch. Not torch's default, TMPDIR/torchinductor_USER: a neighbour can
+    take that name first (or swap it, in a TMPDIR of theirs), read what it holds and plant kernels the server
+    loads."""
+    if given := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return given
+    with private_dir("torchinductor") as cache:
+        return str(cache.path)
 
 
 def stop_all() -> None:

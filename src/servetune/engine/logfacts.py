@@ -16,6 +16,7 @@ class FailureKind(StrEnum):
     EXITED = "exited"
     DIED = "died"  # the server died during the load levels
     REJECTS_WORKLOAD = "rejects_workload"  # the config refuses or cuts short part of the workload
+    NOT_VLLM = "not_vllm"  # the server does not answer as vLLM does
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,13 @@ def metrics_text(base_url: str, timeout_s: float = 10.0) -> str:
 
 
 def scrape(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
-    """The SAMPLES now, from `base_url/metrics`."""
-    return parse(metrics_text(base_url, timeout_s))
+    """The SAMPLES now, from `base_url/metrics`; httpx.HTTPError when it does not answer, or (DecodingError) answers
+    something other than Prometheus text: a server that is not vLLM."""
+    text = metrics_text(base_url, timeout_s)
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise httpx.DecodingError(f"/metrics is not Prometheus text: {e}"[:200]) from None
 
 
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

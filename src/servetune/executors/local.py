@@ -26,7 +26,7 @@ class LocalPool:
     """Up to `slots` trials at once, each in a spawned worker process that dies with this one. On GPUs a
     trial gets as many free GPUs as its tensor x pipeline parallel size (CUDA_VISIBLE_DEVICES); on CPU each
     slot owns an equal share of the cores (process affinity and vLLM's OpenMP binding). Every server gets
-    a port no other servetune process on the host holds (`reserve_port`)."""
+    a port no other servetune process of this user holds (`engine.ports.reserve_port`)."""
 
     def __init__(self, slots: int, vllm: InstalledVllm, work: Callable[[Job], TrialOutcome] = run_job):
         self.slots, self.vllm, self.work = slots, vllm, work

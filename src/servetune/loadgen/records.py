@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -68,18 +70,22 @@ class LoadResult:
 
     def save(self, path: str | Path) -> None:
         """Write JSONL: a header line with the level's fields, then one line per record. Written whole or not at
-        all (a temporary file beside it, renamed into place)."""
+        all (a temporary file beside it, of a name nobody else can have taken, renamed into place); an OSError
+        names `path`."""
         path = Path(path)
         header = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
-        tmp = path.with_name(f".{path.name}.tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             names = [f.name for f in fields(RequestRecord)]  # its fields hold no dataclasses: no `asdict` deep copy
-            with open(tmp, "w") as out:
+            with os.fdopen(fd, "w") as out:
                 out.write(json.dumps(header) + "\n")
                 out.writelines(json.dumps({name: getattr(r, name) for name in names}) + "\n" for r in self.records)
-            tmp.replace(path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException as e:
+            Path(tmp).unlink(missing_ok=True)
+            if isinstance(e, OSError) and e.filename is None:  # a write's error names no file: this one
+                raise OSError(e.errno, e.strerror, str(path)) from None
             raise
 
     @classmethod

@@ -98,12 +98,15 @@ class BenchRun(BaseModel):
     metrics: LevelMetrics | None = None
     server: dict[str, float | None] | None = None
     interrupted: bool = False
+    records: str | None = None  # where the level's records are (beside the JSON, or where a full disk sent them)
     misplaced: list[str] = Field(default=[], exclude=True)  # what could not be written where asked, and where it is
 
     def to_json(self) -> dict[str, Any]:
         """As the JSON has it: the metrics at the top level with `vllm bench serve`'s names, the server's counters
-        as `server_metrics` (not in a stopped run's), `interrupted: true` in a stopped run's."""
-        out = self.model_dump(include={"servetune_version", "date", "model", "workload"})
+        as `server_metrics` (not in a stopped run's), `interrupted: true` in a stopped run's, where the records are
+        (`records`)."""
+        out = self.model_dump(include={"servetune_version", "date", "model", "workload", "records"},
+                              exclude_none=True)
         if self.engine is not None:
             out["engine"] = self.engine.model_dump(exclude_unset=True)
         if self.metrics is not None:
@@ -162,8 +165,9 @@ def _measured_at(url: str, opts: BenchOptions, requests: list[RequestSpec], run:
     target = Target(url, opts.model, opts.workload.endpoint)
     check_context(requests, check_server(target), f"the server at {url}")
     level = _measure(target, requests, opts, run, hooks)
-    _, problem = _save_records(level.load, opts.records_path)
+    records, problem = _save_records(level.load, opts.records_path)
     return run.model_copy(update={"metrics": level.metrics, "server": level.server,
+                                  "records": records and str(records),
                                   "misplaced": run.misplaced + ([problem] if problem else [])})
 
 
@@ -198,7 +202,8 @@ def _save_finished(finished: list[RequestRecord], opts: BenchOptions, run: Bench
     done = [r for r in load.records if r.ok and not r.warmup]
     records, records_problem = _save_records(load, opts.records_path)
     good = good_request(opts.goodput_slo) if opts.goodput_slo else None
-    stopped = run.model_copy(update={"metrics": summarize(load, good), "interrupted": True})
+    stopped = run.model_copy(update={"metrics": summarize(load, good), "interrupted": True,
+                                     "records": records and str(records)})
     results, results_problem = write_or_beside(opts.json_out, lambda where: write_json(where, stopped.to_json()),
                                                "the results")
     for problem in filter(None, (records_problem, results_problem)):

@@ -226,7 +226,7 @@ class TuneState(StrEnum):
     """Where a tune stands."""
 
     RUNNING = "running"
-    INTERRUPTED = "interrupted"  # stopped by a signal: --resume goes on
+    INTERRUPTED = "interrupted"  # stopped by a signal or a write that failed: --resume goes on
     TIME_LIMIT = "time-limit"  # ended by --time-limit with something left undone
     COMPLETE = "complete"
 

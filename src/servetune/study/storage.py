@@ -6,13 +6,14 @@ record with its outcome, the study's meta, progress and head-to-head); each tria
 """
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import socket
 import sqlite3
-import tempfile
+import stat
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,13 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from servetune.errors import StudyError
+from servetune.private import private_dir
 from servetune.redact import redact, shown_url
 from servetune.study.record import StudyMeta, StudyRecord
 
-__all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_storage", "default_storage", "open_study",
-           "requeue_interrupted", "sqlite_file", "storage_url", "study_exists", "trial_dir", "tuner_of"]
+__all__ = ["STUDY_NAME", "DEFINING", "StudyError", "StudyLock", "check_resumable", "check_storage", "default_storage",
+           "open_study", "requeue_interrupted", "sqlite_file", "storage_url", "stored_meta", "study_exists",
+           "trial_dir", "tuner_of"]
 
 STUDY_NAME = "servetune"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -152,20 +155,30 @@ def open_study(storage: str, sampler: optuna.samplers.BaseSampler, meta: StudyMe
                                 sampler=sampler, load_if_exists=True)
     record = StudyRecord(study)
     if exists:
-        old, new = record.stored_meta, meta.stored()
-        if "levels" not in old:
-            raise StudyError(f"--resume: the study in {shown_url(storage)} was made by an older servetune, whose "
-                             "levels were not decided by a statistical test: start a new study (another --out)")
-        for key, option in DEFINING.items():
-            if _canonical(old.get(key)) != _canonical(new.get(key)):
-                was, now = _shown(old.get(key), new.get(key))
-                raise StudyError(f"--resume: {option} differs from the study's: it was {was}, now {now}; resume "
-                                 "with the options it was made with, or use another --out/--study")
+        check_resumable(storage, record.stored_meta, meta.stored())
         record.continued()
         requeue_interrupted(record)
     else:
         record.start(meta)
     return record
+
+
+def stored_meta(storage: str) -> dict[str, Any]:
+    """The meta of the study in `storage` as stored, read without writing into it."""
+    return StudyRecord(optuna.load_study(storage=storage, study_name=STUDY_NAME)).stored_meta
+
+
+def check_resumable(storage: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """StudyError unless the study in `storage`, whose stored meta is `old`, was made with every option that defines
+    it (`DEFINING`) as `new` (meta as stored) has it, by a servetune whose levels are decided as now."""
+    if "levels" not in old:
+        raise StudyError(f"--resume: the study in {shown_url(storage)} was made by an older servetune, whose "
+                         "levels were not decided by a statistical test: start a new study (another --out)")
+    for key, option in DEFINING.items():
+        if _canonical(old.get(key)) != _canonical(new.get(key)):
+            was, now = _shown(old.get(key), new.get(key))
+            raise StudyError(f"--resume: {option} differs from the study's: it was {was}, now {now}; resume "
+                             "with the options it was made with, or use another --out/--study")
 
 
 def _canonical(value: Any) -> str:
@@ -202,12 +215,12 @@ def _shown(old: Any, new: Any) -> tuple[str, str]:
 class StudyLock:
     """One tuner per study and per output directory at a time. The study is locked where it is, whatever
     `--out`: an SQLite study by a lock file beside its database (`.NAME.lock`), a PostgreSQL one by an advisory
-    lock on its database server (which hosts share), any other storage by a lock file in the temporary
-    directory (this host only); the output directory by `out/.servetune.lock`. A lock file is flocked (released
-    when the process ends, however it ends, so a crash leaves no stale lock) and holds who took it. A second
-    tuner gets StudyError naming the holder; a lock file that cannot be written (a full disk) is removed and
-    said in one line. `made_out`: the tuner made the output directory, which is removed on release (a refusal
-    included) if nothing was written into it."""
+    lock on its database server (which hosts share), any other storage by a lock file in this user's own
+    directory (`servetune.private`: this host and user only); the output directory by `out/.servetune.lock`. A
+    lock file is flocked (released when the process ends, however it ends, so a crash leaves no stale lock) and
+    holds who took it. A second tuner gets StudyError naming the holder; a lock file that cannot be written (a full
+    disk) is removed and said in one line. `made_out`: the tuner made the output directory, which is removed on
+    release (a refusal included) if nothing was written into it."""
 
     FILE = ".servetune.lock"
 
@@ -232,7 +245,7 @@ class StudyLock:
 
     def _study_file(self) -> Path | None:
         """The study's lock file: beside an SQLite database; for a server's study other than PostgreSQL's, in
-        the temporary directory, named by the storage (without its password) and the study's name."""
+        this user's own directory, named by the storage (without its password) and the study's name."""
         url = storage_url(self.storage)
         if url.get_backend_name() == "sqlite":
             database = sqlite_file(self.storage)
@@ -240,22 +253,15 @@ class StudyLock:
         if url.get_backend_name() == "postgresql":
             return None
         key = f"{url.render_as_string(hide_password=True)} {STUDY_NAME}"
-        locks = Path(tempfile.gettempdir()) / "servetune-study-locks"  # sticky and world-writable, like /tmp
-        try:
-            locks.mkdir()
-            locks.chmod(0o1777)  # mkdir's mode is cut by the umask
-        except FileExistsError:
-            pass
-        return locks / f"study-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
+        with private_dir("study-locks") as locks:
+            return locks.path / f"study-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
 
     def _take(self, path: Path, what: str, then: str) -> None:
         """Flock `path` (made if missing) and write who holds it; StudyError naming the holder if another
-        process holds it, or naming the error if the file cannot be written (it is removed)."""
+        process holds it, or naming the error if the file cannot be written (it is removed). A symlink, a file
+        with other links or another user's is refused as it is (`_own_file`)."""
         while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                raise StudyError(f"cannot make the lock file {path}: {e.strerror}") from None
+            fd = _own_file(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -309,12 +315,32 @@ class StudyLock:
             self.connection.close()
             self.connection = None
         for path, fd in reversed(self.held):
-            path.unlink(missing_ok=True)  # before unlocking: a tuner that opened it now retries (`_take`)
+            with contextlib.suppress(OSError):  # before unlocking: a tuner that opened it now retries (`_take`)
+                if os.path.samestat(os.fstat(fd), os.lstat(path)):
+                    path.unlink()
             os.close(fd)  # the flock goes with it
         self.held = []
         if self.made_out:
             with contextlib.suppress(OSError):  # not empty: the tune wrote its outputs there
                 self.out.rmdir()
+
+
+def _own_file(path: Path) -> int:
+    """`path` opened for a lock (made 0644 if missing), not through a symlink: a regular file of this user's with no
+    other link; StudyError otherwise, the file left as it is."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise StudyError(f"cannot make the lock file {path}: {e.strerror}") from None
+        fd = None
+    st = None if fd is None else os.fstat(fd)
+    if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        if fd is not None:
+            os.close(fd)
+        raise StudyError(f"{path} is not a lock file of this user's (a symlink, or a link to another file): remove "
+                         "it, or use another --out/--study")
+    return fd
 
 
 def _holder(since: bool = True) -> str:

@@ -72,22 +72,40 @@ def preflight(base_url: str, model: str, endpoint: Literal["completions", "chat"
               probes: int = 2) -> Failure | None:
     """Check the workload against the running server before any level: every request must fit the server's
     max-model-len (`RequestSpec.min_model_len`), and the `probes` longest are sent for real and must come back
-    whole. Returns the failure (kind `rejects_workload`) naming how much of the workload the config rejects, or
-    None."""
+    whole. Returns the failure (kind `rejects_workload`) naming how much of the workload the config rejects, one
+    (`not_vllm`) naming what a server that does not answer as vLLM does answered, or None."""
     try:
-        model_len = httpx.post(f"{base_url}/tokenize", json={"model": model, "prompt": "fit"},
-                               timeout=60).json()["max_model_len"]
+        tokenized = httpx.post(f"{base_url}/tokenize", json={"model": model, "prompt": "fit"}, timeout=60)
+        model_len = _field(tokenized, "max_model_len")
+        if not isinstance(model_len, int):
+            return not_vllm(f"/tokenize gave HTTP {tokenized.status_code} without max_model_len: "
+                            f"{tokenized.text[:200]}")
         over = [r for r in requests if r.min_model_len > model_len]
         if over:
             return rejects(len(over), len(requests), f"they need max-model-len up to "
                            f"{max(r.min_model_len for r in over)}, the server has {model_len}")
         for r in sorted(requests, key=lambda r: r.min_model_len)[-probes:]:
-            problem = _probe(base_url, model, endpoint, r)
-            if problem:
-                return rejects(1, probes, f"the server {problem} (it needs {r.min_model_len} of {model_len} tokens)")
+            if problem := _probe(base_url, model, endpoint, r, model_len, probes):
+                return problem
     except httpx.HTTPError as e:
         return Failure(kind=FailureKind.EXITED, reason=f"the server stopped answering before the first level: {e}")
     return None
+
+
+def _field(response: httpx.Response, *keys: str) -> object:
+    """The value at `keys` in a JSON answer; None where the answer is not JSON or lacks it."""
+    try:
+        value = response.json()
+        for key in keys:
+            value = value[key]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    return value
+
+
+def not_vllm(what: str) -> Failure:
+    """The failure of a server that answers otherwise than vLLM: `what` it answered."""
+    return Failure(kind=FailureKind.NOT_VLLM, reason=f"the server does not answer as vLLM does: {what}")
 
 
 def rejects(n: int, total: int, why: str) -> Failure:
@@ -96,19 +114,25 @@ def rejects(n: int, total: int, why: str) -> Failure:
                    f"({n} of {total} requests): {why}", rejected_fraction=n / total)
 
 
-def _probe(base_url: str, model: str, endpoint: str, request: RequestSpec) -> str | None:
-    """Send one request for real, whole; why the server did not serve it as asked, or None."""
+def _probe(base_url: str, model: str, endpoint: str, request: RequestSpec, model_len: int,
+           probes: int) -> Failure | None:
+    """Send one request (one of `probes`) for real, whole; the failure of a server that did not serve it as asked,
+    or None."""
     if endpoint == "chat":
         path, body = "/v1/chat/completions", {"messages": request.messages(),
                                               "max_completion_tokens": request.output_len}
     else:
         path, body = "/v1/completions", {"prompt": request.prompt, "max_tokens": request.output_len}
     response = httpx.post(base_url + path, json={"model": model, "ignore_eos": True, **body}, timeout=600)
+    needs = f"(it needs {request.min_model_len} of {model_len} tokens)"
     if response.status_code != 200:
-        return f"refused a {request.prompt_len}-token prompt: HTTP {response.status_code} {response.text[:200]}"
-    got = response.json()["usage"]["completion_tokens"]
+        return rejects(1, probes, f"the server refused a {request.prompt_len}-token prompt: HTTP "
+                                  f"{response.status_code} {response.text[:200]} {needs}")
+    got = _field(response, "usage", "completion_tokens")
+    if not isinstance(got, int):
+        return not_vllm(f"{path} answered without usage.completion_tokens: {response.text[:200]}")
     if got < request.output_len:
-        return f"cut a reply to {got} of {request.output_len} tokens"
+        return rejects(1, probes, f"the server cut a reply to {got} of {request.output_len} tokens {needs}")
     return None
 
 

@@ -32,7 +32,8 @@ from servetune.study.outcome import TrialOutcome
 from servetune.study.record import (Progress, RecordedTrial, Reference, Role, StudyMeta, StudyRecord, TrialRecord,
                                     TuneState, read_trial, write_trial)
 from servetune.study.results import Results, Summary, TrialRow, beats, not_passed, trial_row
-from servetune.study.storage import StudyLock, check_storage, default_storage, open_study, trial_dir
+from servetune.study.storage import (StudyLock, check_resumable, check_storage, default_storage, open_study,
+                                     stored_meta, trial_dir)
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import (MIN_WINDOW_S, Latency, LevelOptions, Race, TrialPlan, least_requests, level_seconds,
@@ -80,6 +81,14 @@ class TuneOptions:
         if self.objective == Objective.GOODPUT and not self.slo:
             raise ServetuneError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
 
+    def defining(self) -> dict[str, Any]:
+        """What defines the study (`study.storage.DEFINING`), as its meta stores it."""
+        return {"model": self.model, "workload": self.workload.model_dump(mode="json"), "slo": self.slo,
+                "objective": self.objective, "strategy": self.strategy, "seed": self.seed,
+                "user_engine_args": self.engine_args, "references": self.references,
+                "optional_knobs": list(self.optional_knobs), "tokenizer": self.tokenizer,
+                "levels": asdict(self.levels), "confirm": self.confirm, "min_model_len": self.min_model_len}
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -100,8 +109,8 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
     limit holds no other launch, then the head-to-head; returns the summary (`results.Summary`), written with the
     other outputs (`report.publish`) after every trial and at the end. With `parallel` > 1 or a `ray_address`,
     several trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one
-    those options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`) the outputs are written with
-    state `interrupted` and the exception goes on."""
+    those options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`), or an OSError (a trial's files
+    on a disk that filled up), the outputs are written with state `interrupted` and the exception goes on."""
     clock = TimePlan(opts.time_limit_s, budget_trials=opts.budget, clock=runtime.clock)
     lock = _lock(opts)
     tuner = executor_made = None
@@ -120,9 +129,12 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
             if not (out_of_time and tuner.room_after_head_to_head()):
                 break
         return tuner.publish(TuneState.TIME_LIMIT if tuner.not_done else TuneState.COMPLETE)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, OSError) as e:  # a stop, or a write that failed (a disk that filled up)
         if tuner is not None:
-            tuner.not_done.append("interrupted: continue with the same command and --resume")
+            tuner.not_done.append("interrupted: continue with the same command and --resume"
+                                  if isinstance(e, KeyboardInterrupt) else
+                                  f"stopped: cannot write {e.filename} ({e.strerror}): the trial running then runs "
+                                  "again on --resume")
             tuner.publish(TuneState.INTERRUPTED)
         raise
     finally:
@@ -145,8 +157,11 @@ def _lock(opts: TuneOptions) -> StudyLock:
 def _prepare(opts: TuneOptions, build: Callable[..., list[RequestSpec]]) -> tuple[Any, list[list[RequestSpec]],
                                                                                   ModelLenBounds]:
     """(tokenizer, request sets, max-model-len bounds): everything a bad model path, dataset, workload or study
-    storage fails on, before the vLLM probe (seconds) or any launch."""
-    check_storage(opts.storage or default_storage(opts.out), opts.resume)
+    storage fails on, before the vLLM probe (seconds) or any launch; a resumed study's options, before any prompt
+    is built."""
+    storage = opts.storage or default_storage(opts.out)
+    if check_storage(storage, opts.resume):
+        check_resumable(storage, stored_meta(storage), opts.defining())
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
     sets = [build(opts.workload, tokenizer, seed=opts.workload.seed + 1000, count=opts.levels.pool)]
     return tokenizer, sets, _model_len(opts, sets, tokenizer)
@@ -216,13 +231,9 @@ class Proposer:
         if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
             space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
                                 space.max_model_len, space.context)
-        meta = StudyMeta(
-            model=opts.model, workload=opts.workload.model_dump(mode="json"), slo=opts.slo, objective=opts.objective,
-            strategy=opts.strategy, budget=opts.budget, space=space.to_dict(), model_len=model_len.model_dump(),
-            user_engine_args=opts.engine_args, servetune_version=__version__, vllm_version=vllm.version,
-            device=vllm.device_type, out=str(opts.out.resolve()), levels=asdict(opts.levels), seed=opts.seed,
-            references=opts.references, optional_knobs=list(opts.optional_knobs), tokenizer=opts.tokenizer,
-            confirm=opts.confirm, min_model_len=opts.min_model_len)
+        meta = StudyMeta(**opts.defining(), budget=opts.budget, space=space.to_dict(),
+                         model_len=model_len.model_dump(), servetune_version=__version__, vllm_version=vllm.version,
+                         device=vllm.device_type, out=str(opts.out.resolve()))
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == Objective.THROUGHPUT and bool(opts.slo),
                                  slo=tuple(opts.slo))

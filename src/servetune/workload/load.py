@@ -42,6 +42,17 @@ def load_workload(path: Path) -> WorkloadSpec:
     return spec
 
 
+def reply_lengths(spec: WorkloadSpec) -> tuple[float, float] | None:
+    """The longest and the mean reply (tokens) the workload asks for, where that is known before its prompts are
+    built: synthetic lengths, a trace; None for a dataset."""
+    if spec.trace is not None:
+        outputs = [row.output_tokens for row in read_trace(spec.trace.path)]
+        return max(outputs), sum(outputs) / len(outputs)
+    if spec.output_len is not None:
+        return spec.output_len.high, spec.output_len.mean_len
+    return None
+
+
 def _first_error(error: ValidationError, raw: Any) -> str:
     """The first validation error as "field.path: message", leaving out union tags like "normal"."""
     first = error.errors()[0]

@@ -30,6 +30,11 @@ class Fixed(_Model):
         return self.value
 
     @property
+    def high(self) -> float:
+        """The longest length it produces (inf: no bound)."""
+        return self.value
+
+    @property
     def mean_len(self) -> float:
         """The mean length it produces (tokens)."""
         return float(self.value)
@@ -54,6 +59,10 @@ class _Bounded(_Model):
     @property
     def low(self) -> int:
         return self.min
+
+    @property
+    def high(self) -> float:
+        return math.inf if self.max is None else self.max
 
     @property
     def mean_len(self) -> float:

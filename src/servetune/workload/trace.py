@@ -11,7 +11,8 @@ Layouts, told apart by their column names (CSV with a header row, or JSON Lines)
   `trace.block_tokens`-token block of the prompt; requests with the same leading ids share those blocks).
 
 Other columns are ignored. Arrivals are taken relative to the first one and replayed in time order; a timestamp
-must be a finite number >= 0 (a `nan`, `inf` or negative one is refused naming its file:line).
+must be a finite number >= 0 (a `nan`, `inf` or negative one is refused naming its file:line), and no arrival may
+come more than MAX_GAP_S after the one before it (a replay would wait that long).
 """
 
 import csv
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from servetune.workload.request import RequestSpec
 from servetune.workload.spec import TraceSpec, WorkloadError
+
+MAX_GAP_S = 86_400  # a day
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -98,7 +101,7 @@ def _read(path: Path, mtime_ns: int) -> tuple[TraceRow, ...]:
             lines = enumerate(csv.DictReader(f), start=2)
         else:
             lines = ((n, line) for n, line in enumerate(f, start=1) if line.strip())
-        rows = []
+        rows = []  # (row, its line)
         for number, line in lines:
             try:
                 row = line if isinstance(line, dict) else json.loads(line)
@@ -109,12 +112,17 @@ def _read(path: Path, mtime_ns: int) -> tuple[TraceRow, ...]:
                 raise WorkloadError(f"{path}:{number}: not a trace row ({type(e).__name__}: {e})") from None
             if parsed.input_tokens < 1 or parsed.output_tokens < 1:
                 raise WorkloadError(f"{path}:{number}: input and output tokens must be >= 1")
-            rows.append(parsed)
+            rows.append((parsed, number))
     if not rows:
         raise WorkloadError(f"{path}: no rows")
-    rows.sort(key=lambda r: r.arrival_s)
-    first = rows[0].arrival_s
-    return tuple(TraceRow(r.arrival_s - first, r.input_tokens, r.output_tokens, r.blocks) for r in rows)
+    rows.sort(key=lambda pair: pair[0].arrival_s)
+    for (before, _), (row, number) in zip(rows, rows[1:]):
+        if (gap := row.arrival_s - before.arrival_s) > MAX_GAP_S:
+            shown = f"{gap:,.0f}" if gap < 1e12 else f"{gap:g}"
+            raise WorkloadError(f"{path}:{number}: arrives {shown} s after the request before it: a replay would wait "
+                                f"that long (at most {MAX_GAP_S:,} s, a day, between arrivals): cut the trace there")
+    first = rows[0][0].arrival_s
+    return tuple(TraceRow(r.arrival_s - first, r.input_tokens, r.output_tokens, r.blocks) for r, _ in rows)
 
 
 def build_trace_requests(
