@@ -3,8 +3,8 @@
 
 One launch of the config; then, for each rate, fresh prompts (seeded apart from a tune's and verify's) sent by vLLM's
 client for `--seconds` of Poisson arrivals, its per-request results saved (`--save-detailed`). Each level is read
-as servetune reads its own: the requests sent in its steady part (after the p90 end-to-end latency of its first
-requests, before the last p99 latency of its sends, when vLLM's client stops sending and the server drains) give
+as servetune reads its own: the requests sent in its steady part (after the p99 end-to-end latency of its requests,
+before the last p99 latency of its sends, when vLLM's client stops sending and the server drains) give
 each SLO's point p99, and the keep-up ratio over that window (`servetune.measure.steady.keep_up`) says whether the
 server completed what arrived. A rate holds when every p99 is within its bound and the ratio is at least 95%.
 `--between LOW HIGH` bisects (geometric) `--steps` times; `--rates` measures the rates given. The rows and the
@@ -56,12 +56,12 @@ def records_of(result: dict) -> list[RequestRecord]:
 
 
 def steady(records: list[RequestRecord]) -> Window:
-    """The level's steady part: from its first send plus the p90 latency of its first 10% of requests, to its last
-    send less the p99 latency of all (vLLM's client sends nothing more then: the server drains)."""
+    """The level's steady part: from its first send plus the p99 latency of its requests (by then the requests in
+    flight have reached their steady number: a batch still growing serves its first long replies fast), to its last
+    send less the same (vLLM's client sends nothing more then: the server drains)."""
     sent = sorted(records, key=lambda r: r.start_ns)
-    first = sent[: max(20, len(sent) // 10)]
-    start = sent[0].start_ns + int(np.percentile([e2el_ms(r) for r in first], 90) * 1e6)
-    end = sent[-1].start_ns - int(np.percentile([e2el_ms(r) for r in sent], 99) * 1e6)
+    fill = int(np.percentile([e2el_ms(r) for r in sent], 99) * 1e6)
+    start, end = sent[0].start_ns + fill, sent[-1].start_ns - fill
     return Window(start, max(start, end))
 
 
