@@ -71,7 +71,7 @@ class _Engine:
         self.first, self.end = np.full(n, np.nan), np.full(n, np.nan)
         self.runs: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self.sent = np.zeros(n, dtype=np.int64)  # output tokens a request has sent (kept through a preemption)
-        self.held = np.zeros(n, dtype=np.int64)  # KV tokens it holds
+        self.held = np.zeros(n, dtype=np.int64)  # KV tokens it took when admitted (`_release` adds its decoding)
         self.waiting: deque[int] = deque()
         self.prefilling: deque[list[int]] = deque()  # [request, prompt tokens left]
         self.decoding: dict[int, int] = {}  # request -> step of its first token in this stretch
@@ -106,7 +106,7 @@ class _Engine:
         """Preempt the request admitted last: it keeps the tokens it sent and waits at the head of the queue."""
         i, _ = self.admitted.popitem()
         if i in self.decoding:
-            start = self.decoding.pop(i)
+            start = self.decoding[i]
             got = self.steps - start
             self.runs[i][-1] = (start, got)
             self.sent[i] += got
@@ -115,17 +115,21 @@ class _Engine:
         else:
             self.pending -= next(p[1] for p in self.prefilling if p[0] == i)
             self.prefilling = deque(p for p in self.prefilling if p[0] != i)
-        self.kv_used -= int(self.held[i])
-        self.held[i] = 0
+        self._release(i)
         self.waiting.appendleft(i)
+
+    def _release(self, i: int) -> None:
+        """Free request i's KV cache: what it took when admitted, and a token for each step it decoded since its first
+        token of this stretch (the step of that token, `decoding[i]`, adds none)."""
+        start = self.decoding.pop(i, None)
+        self.kv_used -= int(self.held[i]) + (self.steps - 1 - start if start is not None else 0)
+        self.held[i] = 0
 
     def advance(self, k: int, stamps: np.ndarray, per_step: int) -> int:
         """Account for `k` steps that ended at `stamps`, each prefilling `per_step` tokens; how many replies ended."""
         n_dec = len(self.decoding)
         self.steps += k
         self.kv_used += n_dec * k
-        for i in self.decoding:
-            self.held[i] += k
         last_step, left = self.steps - 1, per_step * k
         while left > 0 and self.prefilling:  # the prompts these steps finished: their first token is the last step's
             head = self.prefilling[0]
@@ -147,12 +151,10 @@ class _Engine:
         while self.finishing and self.finishing[0][0] <= last_step:
             _, i = heapq.heappop(self.finishing)
             ended += 1
-            del self.decoding[i]
+            self._release(i)
             del self.admitted[i]
             self.sent[i] = self.outputs[i]
             self.end[i] = float(stamps[-1])
-            self.kv_used -= int(self.held[i])
-            self.held[i] = 0
         return ended
 
     def steps_to_event(self, per_step: int) -> int:
