@@ -1215,7 +1215,9 @@ def main() -> None:
                         "for issue 37 its probes (a neighbour's symlinks and a hostile second user, servetune's own "
                         "engine args, config files, full disks, traces, resumes, level sizes, time limits, servers "
                         "that are not vLLM, control characters, SIGTERM within 5 s, fallback records, a launch's "
-                        "temporary files), the rows they replaced, and every probe without vLLM. "
+                        "temporary files) and the rows they replaced (the tune stops, now within 5 s; the resume with "
+                        "other settings, now without vLLM), run after its last fix (faults-issue37.log beside this "
+                        "file), and every other probe without vLLM (faults-issue37-without-vllm.log). "
                         "The full-disk probes mount a small tmpfs (root); the neighbour's run as `nobody` "
                         "(runuser), with fs.protected_symlinks set to 0 for the probe and restored.\n\n"
                         + "\n".join(table) + "\n")
