@@ -1,8 +1,10 @@
 """The tuner on the simulated engine (`servetune.testing.simengine`), over many generated scenarios: every tune with a
-15-minute limit, and the same tune without a limit, judged against the model's truth. Writes the per-scenario rows
-(JSON) and prints the table docs/results/simulated.md records.
+15-minute limit, and the same tune without a limit, judged against the scenario's truth: the recommendation, and
+every trial's measured goodput beside its config's true goodput. Writes the per-scenario rows (JSON) and prints the
+tables docs/results/simulated.md records.
 
-usage: .venv/bin/python bench/simulate.py [--scenarios 1000] [--workers 2] [--json docs/results/simulated.json]
+usage: .venv/bin/python bench/simulate.py [--scenarios 1000] [--workers 2] [--tunes limited unlimited]
+           [--json docs/results/simulated.json]
 """
 
 import argparse
@@ -14,17 +16,19 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from servetune.testing.simengine import CLEAR_GAIN, DECIDABLE_RATE, draw_scenario, judge, simulate
+from servetune.testing.simengine import CLEAR_GAIN, DECIDABLE_RATE, WORKLOADS, draw_scenario, judge, simulate
 
 MODEL = Path(__file__).resolve().parents[1] / ".cache" / "tiny-llama"
 LIMIT_S = 900.0
 
 
-def run(seed: int) -> dict:
+def run(seed: int, tunes: tuple[str, ...] = ("limited", "unlimited")) -> dict:
     scenario = draw_scenario(seed, limit_s=LIMIT_S)
     row = {"seed": seed, "device": scenario.device, "slo": sorted(scenario.slo), "budget": scenario.budget,
-           "capacity": round(scenario.capacity, 2), "fail_share": scenario.fail_share}
+           "workload": family(scenario), "fail_share": scenario.fail_share}
     for name, limit in (("limited", LIMIT_S), ("unlimited", None)):
+        if name not in tunes:
+            continue
         started = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory() as out:
@@ -32,15 +36,23 @@ def run(seed: int) -> dict:
         except Exception as e:  # a crash is a finding, not the end of the run
             row[name] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        judged = judge(scenario, result)
+        judged = judge(scenario, result, ladder="limited" in tunes)  # the ladder: the recommendation table's
         spent = result.summary.time
         row[name] = {"answer": result.summary.answer, "state": result.summary.state, "ended_by": result.ended_by,
                      "elapsed_s": round(result.elapsed_s, 1), "unused_s": spent.unused_s,
                      "next_trial_s": spent.next_trial_s, "launched": len(result.rows),
                      "defaults_true": judged.defaults, "recommended_true": judged.recommended,
                      "best_true": judged.best, "clear_gain": judged.clear_gain, "decidable": judged.decidable,
-                     "named": judged.named, "wall_s": round(time.perf_counter() - started, 2)}
+                     "named": judged.named, "wall_s": round(time.perf_counter() - started, 2),
+                     "trials": [{"trial": t.trial, "measured": t.measured, "truth": t.truth, "closed": t.searched,
+                                 "decidable": t.decidable} for t in judged.trials]}
     return row
+
+
+def family(scenario) -> str:
+    """The name of the scenario's workload in WORKLOADS."""
+    return next(name for name, spec in WORKLOADS.items()
+                if all(scenario.workload.get(k) == v for k, v in spec.items()))
 
 
 def share(part: list, whole: list) -> str:
@@ -82,18 +94,53 @@ def report(rows: list[dict]) -> str:
     return "\n".join(["| | |", "|---|---|", *lines])
 
 
+def trials_report(rows: list[dict], tune: str) -> str:
+    """Every trial of the `tune` ("limited" or "unlimited") that measured a goodput, its ratio to its truth, by
+    reply family: all of them, those whose truth levels can decide (`TrialTruth.decidable`), and of those the ones
+    whose search closed in on its rate."""
+    def ratios(select) -> list[float]:
+        return [t["measured"] / t["truth"] for r in rows if "error" not in r[tune] for t in r[tune]["trials"]
+                if t["measured"] and t["truth"] and select(r, t)]
+
+    def line(name: str, select) -> str:
+        all_, dec = ratios(select), ratios(lambda r, t: select(r, t) and t["decidable"])
+        closed = ratios(lambda r, t: select(r, t) and t["decidable"] and t["closed"])
+        def within(values):
+            return f"{share([v for v in values if 0.85 <= v <= 1.05], values)}" if values else "-"
+        def above(values):
+            return f"{share([v for v in values if v > 1.05], values)}" if values else "-"
+        median = f"{statistics.median(dec):.2f}" if dec else "-"
+        return (f"| {name} | {len(all_)} | {above(all_)} | {len(dec)} | {above(dec)} | median {median} | "
+                f"{within(closed)} |")
+
+    head = ["| workload | trials with a goodput | above 1.05x | decidable | decidable above 1.05x | ratio | "
+            "decidable, closed: within 0.85-1.05x |", "|---|---|---|---|---|---|---|"]
+    families = sorted({r["workload"] for r in rows})
+    return "\n".join(head + [line(f, lambda r, t, f=f: r["workload"] == f) for f in families]
+                     + [line("all", lambda r, t: True)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", type=int, default=1000)
     parser.add_argument("--first", type=int, default=0, help="the first scenario's seed")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--tunes", nargs="+", choices=("limited", "unlimited"), default=["limited", "unlimited"],
+                        help="the 15-minute tune, the tune without a limit, or both (the recommendation table)")
     parser.add_argument("--json", type=Path, default=Path("docs/results/simulated.json"))
     args = parser.parse_args()
     started = time.time()
+    rows = []
     with ProcessPoolExecutor(args.workers) as pool:
-        rows = list(pool.map(run, range(args.first, args.first + args.scenarios), chunksize=4))
-    args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    print(report(rows))
+        seeds = range(args.first, args.first + args.scenarios)
+        for row in pool.map(run, seeds, [tuple(args.tunes)] * len(seeds), chunksize=4):
+            rows.append(row)
+            if len(rows) % 50 == 0 or len(rows) == len(seeds):  # what a stopped run leaves is still rows
+                args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    if set(args.tunes) == {"limited", "unlimited"}:
+        print(report(rows))
+    for tune in args.tunes:
+        print(f"\nevery trial's goodput against its truth, {tune}:\n{trials_report(rows, tune)}")
     print(f"\n{len(rows)} scenarios in {time.time() - started:.0f} s with {args.workers} workers; rows in {args.json}")
 
 

@@ -32,7 +32,7 @@ from servetune.engine import Engine, EngineFailed
 from servetune.loadgen import LoadShape, Target
 from servetune.measure.bench import measure_level
 from servetune.measure.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
-from servetune.measure.verdict import fell_behind
+from servetune.measure.steady import fell_behind
 from servetune.trial.server import reset_prefix_cache
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 

@@ -13,8 +13,10 @@ tokens and then nothing, keeping the connection open, `fake:hang=1` accepts the 
 `fake:malformed=1` streams an event that is not JSON, `fake:endless=1` streams tokens past `max_tokens` and never
 ends, `fake:ping=1` sends its tokens and then SSE comments without end (never `[DONE]`), `fake:error_body=1`
 answers 500 with a body that never ends (64 KiB a tick).
-`GET /v1/models` lists the model `fake` (with `max_model_len` N when given); `GET /metrics` answers TEXT (200) when
-given; `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak; anything else is 404.
+`GET /v1/models` lists the model `fake` (with `max_model_len` N when given); `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak; anything else is 404.
+`GET /metrics` answers TEXT (200) when given, else exposes, as vLLM does, histograms of its streams' times to first
+token and to the end, from the request read to the first and last token written
+(`vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import time
 
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 _END = b"0\r\n\r\n"
@@ -62,6 +65,29 @@ def _response(status: int, reason: str, body: dict) -> bytes:
         status, reason.encode(), len(data), data)
 
 
+# vLLM 0.32's TTFT buckets (s), used here for both histograms
+BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+
+
+class Histogram:
+    """A Prometheus histogram in the text exposition's terms."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.counts, self.count, self.sum = name, [0] * len(BUCKETS), 0, 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.count, self.sum = self.count + 1, self.sum + seconds
+        for i, bound in enumerate(BUCKETS):
+            self.counts[i] += seconds <= bound
+
+    def exposition(self) -> str:
+        labels = 'engine="0",model_name="fake"'
+        return "".join([f"# TYPE {self.name} histogram\n",
+                        *(f'{self.name}_bucket{{{labels},le="{b}"}} {n}\n' for b, n in zip(BUCKETS, self.counts)),
+                        f'{self.name}_bucket{{{labels},le="+Inf"}} {self.count}\n',
+                        f"{self.name}_count{{{labels}}} {self.count}\n{self.name}_sum{{{labels}}} {self.sum}\n"])
+
+
 class FakeServer:
     """Request accounting and the decode tick shared by all connections."""
 
@@ -69,24 +95,27 @@ class FakeServer:
         self.token_delay_s, self.metrics = token_delay_s, metrics
         self.model_card = {"id": "fake", "object": "model"} | (
             {"max_model_len": max_model_len} if max_model_len is not None else {})
-        self.streams: list[list] = []  # [transport, per-tick bytes (an iterator), ticks written, close_after, next]
+        # [transport, per-tick bytes (an iterator), ticks written, close_after, next, perf_counter at the request]
+        self.streams: list[list] = []
         self.ticking = False
         self.requests = 0
         self.in_flight = 0
         self.peak = 0
+        self.ttft = Histogram("vllm:time_to_first_token_seconds")
+        self.e2el = Histogram("vllm:e2e_request_latency_seconds")
 
     def handle(self, transport: asyncio.Transport, method: bytes, path: bytes, body: bytes) -> None:
         if method == b"GET" and path == b"/stats":
             transport.write(_response(200, "OK", {"requests": self.requests, "peak_concurrency": self.peak}))
             self.peak = self.in_flight
             return
+        if method == b"GET" and path == b"/metrics":
+            text = (self.metrics if self.metrics is not None else self.ttft.exposition() + self.e2el.exposition())
+            transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
+                            % (len(text.encode()), text.encode()))
+            return
         if method == b"GET" and path == b"/v1/models":
             transport.write(_response(200, "OK", {"object": "list", "data": [self.model_card]}))
-            return
-        if method == b"GET" and path == b"/metrics" and self.metrics is not None:
-            text = self.metrics.encode()
-            transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
-                            % (len(text), text))
             return
         endpoint = {b"/v1/completions": "completions", b"/v1/chat/completions": "chat"}.get(path)
         if method != b"POST" or endpoint is None:
@@ -134,6 +163,8 @@ class FakeServer:
             self._stream(transport, itertools.chain(ticks, itertools.repeat(_PING)))
         elif self.token_delay_s == 0 and close_after > n:
             transport.write(b"".join(ticks))
+            self.ttft.observe(0.0)
+            self.e2el.observe(0.0)
         else:
             self._stream(transport, iter(ticks), close_after)
 
@@ -141,7 +172,7 @@ class FakeServer:
         """Write `ticks` one a tick (at least every ms), aborting the connection after `close_after` of them."""
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
-        self.streams.append([transport, ticks, 0, close_after, next(ticks)])
+        self.streams.append([transport, ticks, 0, close_after, next(ticks), time.perf_counter()])
         if not self.ticking:
             self.ticking = True
             asyncio.get_running_loop().call_later(self.token_delay_s or 0.001, self.tick)
@@ -150,7 +181,7 @@ class FakeServer:
         """Write the next token of every open stream; finish or abort those that are done."""
         open_streams = []
         for stream in self.streams:
-            transport, ticks, pos, close_after, part = stream
+            transport, ticks, pos, close_after, part, start = stream
             if transport.is_closing():
                 self.in_flight -= 1
             elif pos == close_after:
@@ -158,10 +189,13 @@ class FakeServer:
                 self.in_flight -= 1
             else:
                 transport.write(part)
+                if pos == 0:
+                    self.ttft.observe(time.perf_counter() - start)
                 stream[2], stream[4] = pos + 1, next(ticks, None)
                 if stream[4] is not None:
                     open_streams.append(stream)
                 else:
+                    self.e2el.observe(time.perf_counter() - start)
                     self.in_flight -= 1
         self.streams = open_streams
         self.ticking = bool(open_streams)

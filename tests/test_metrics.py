@@ -9,7 +9,6 @@ from servetune.loadgen.records import LoadResult, RequestRecord
 from servetune.measure.metrics import (
     LATE_MS,
     SCHEDULE_LAG_BOUND_MS,
-    keep_up,
     schedule_lag_ms,
     summarize,
 )
@@ -155,66 +154,3 @@ def test_no_successful_request_gives_zeros():
     s = summarize(level([rec(0, 0, (), 5, error="connect: refused")]))
     assert (s.completed, s.failed, s.mean_ttft_ms, s.p99_e2el_ms) == (0, 1, 0.0, 0.0)
     assert s.errors == {"connect": 1} and s.steady_request_rate is None
-
-
-def test_steady_rate_hand_computed():
-    # 21 sends 100 ms apart, 250 ms each: fill = p90 e2el = 250 ms, W = (250, 2000] ms;
-    # ends at 350 ... 1950 ms fall in W: 17 completions / 1.75 s
-    records = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2) for i in range(21)]
-    assert keep_up(level(records)).steady_request_rate == pytest.approx(17 / 1.75)
-
-
-def test_keep_up_se_counts_the_requests_in_one_window_only():
-    # as above, but request 5 takes 2 s: it arrived in the send window (100 ... 1700 ms: 17 requests) and
-    # ends past the completion window (250, 2000]: 16 of 17 complete there, one request unmatched
-    records = [rec(i, 100 * i, (100 * i + 50, 100 * i + (2000 if i == 5 else 250)), tokens=2) for i in range(21)]
-    assert keep_up(level(records)).ratio == pytest.approx(16 / 17)
-    assert keep_up(level(records)).se == pytest.approx(1 / 17)
-    steady = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2) for i in range(21)]
-    assert keep_up(level(steady)).se == 0.0
-
-
-def fifo_level(offered, capacity, n, base_ms=300.0):
-    """Sends exactly 1/offered apart to a server that finishes one request per 1/capacity s in order;
-    latencies vary by up to 60 ms on top of queueing."""
-    records, free_ms = [], 0.0
-    for i in range(n):
-        start = 1000 * i / offered
-        end = max(start + base_ms + 20 * (i % 4), free_ms + 1000 / capacity)
-        free_ms = end
-        records.append(rec(i, start, (start + 100, end), tokens=2))
-    return level(records, rate=offered, end_ms=free_ms)
-
-
-def test_steady_rate_keeping_up_matches_offered():
-    result = fifo_level(offered=20, capacity=1000, n=400)
-    assert keep_up(result).steady_request_rate == pytest.approx(20, rel=0.02)
-
-
-def test_short_overloaded_level_does_not_look_like_keeping_up():
-    result = fifo_level(offered=26, capacity=19.5, n=130)  # a 5 s level
-    s = summarize(result)
-    assert s.steady_request_rate == pytest.approx(19.5, rel=0.05)
-    assert s.steady_request_rate < 0.9 * s.offered_request_rate
-
-
-def test_keep_up_ratio_sees_the_queue_not_the_arrival_noise():
-    assert keep_up(fifo_level(offered=20, capacity=1000, n=400)).ratio == pytest.approx(1.0, abs=0.02)
-    assert keep_up(fifo_level(offered=26, capacity=19.5, n=130)).ratio == pytest.approx(0.75, abs=0.05)
-    # Poisson-like bunching: arrivals sparse in the steady part, every one served at once
-    gaps = [10, 10, 10, 10, 300, 300, 300, 300] * 12
-    starts = [sum(gaps[:i]) for i in range(len(gaps))]
-    bursty = level([rec(i, t, (t + 20, t + 50), tokens=2) for i, t in enumerate(starts)], rate=12.0)
-    assert keep_up(bursty).ratio == pytest.approx(1.0, abs=0.05)
-
-
-def test_steady_rate_none_when_all_sent_at_once():
-    records = [rec(i, 0, (100, 200), tokens=2) for i in range(10)]
-    assert keep_up(level(records, rate=math.inf)).steady_request_rate is None
-
-
-def test_steady_rate_sees_a_stalled_server():
-    # keeps up for 2 s of a 10 s schedule, then nothing completes
-    records = [rec(i, 100 * i, (100 * i + 50, 100 * i + 250), tokens=2,
-                   error=None if i < 20 else "timeout: x") for i in range(101)]
-    assert keep_up(level(records)).steady_request_rate < 3

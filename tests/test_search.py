@@ -1,5 +1,7 @@
 """The search, without servers: space, rate bisection, strategies, choosing the winner."""
 
+import math
+
 import optuna
 import outcomes
 import pytest
@@ -111,22 +113,56 @@ def test_rate_search_brackets_the_goodput_rate():
     assert search.goodput_rate == lo
 
 
-def test_rate_search_steps_down_from_above_until_a_rate_passes():
+def test_rate_search_steps_down_from_near_the_capacity_until_a_rate_passes():
     search = RateSearch(capacity=10.0)
-    assert search.next_rate() == 8.0
-    search.tell(8.0, False)
-    assert search.next_rate() == 6.0  # 0.75 x the failed rate: passing levels are the costly ones
-    search.tell(6.0, True)
-    assert search.next_rate() == 7.0  # then bisection
+    assert search.next_rate() == 9.0
+    search.tell(9.0, False)
+    assert search.next_rate() == pytest.approx(9.0 * 0.85)  # no margin known: the least step down
+    search.tell(9.0 * 0.85, True)
+    assert search.next_rate() == pytest.approx((9.0 + 9.0 * 0.85) / 2)  # then bisection
+
+
+def test_the_next_rate_follows_the_levels_margins():
+    # a fail whose p99 is 20% over its bound steps down to 1 / 1.2 of its rate; 5% over, by 15% at least; 3x over,
+    # by half at most
+    over = RateSearch(capacity=10.0)
+    over.tell(9.0, False, margin=math.log(1.2))
+    assert over.next_rate() == pytest.approx(9.0 / 1.2)
+    near = RateSearch(capacity=10.0)
+    near.tell(9.0, False, margin=math.log(1.05))
+    assert near.next_rate() == pytest.approx(9.0 * 0.85)
+    bigger = RateSearch(capacity=10.0)
+    bigger.tell(9.0, False, far=True, margin=math.log(1.5))  # failed by far, but its margin says how far
+    assert bigger.next_rate() == pytest.approx(9.0 / 1.5)
+    far = RateSearch(capacity=10.0)
+    far.tell(9.0, False, margin=math.log(3.0))
+    assert far.next_rate() == pytest.approx(4.5)
+    # a pass at half its bound steps up by at most half; one near its bound by a little
+    room = RateSearch(capacity=10.0)
+    room.tell(4.0, True, margin=math.log(0.5))
+    assert room.next_rate() == pytest.approx(6.0)
+    close = RateSearch(capacity=10.0)
+    close.tell(4.0, True, margin=math.log(0.95))
+    assert close.next_rate() == pytest.approx(4.0 * 1.1)
+    # inside a bracket: the root of the line through the two margins, a little below it
+    both = RateSearch(capacity=10.0)
+    both.tell(6.0, True, margin=-0.3)
+    both.tell(9.0, False, margin=0.3)
+    assert both.next_rate() == pytest.approx(7.5 * (1 - 0.05 / 2))
+    # held to the bracket's middle half where the line's root lies near an end
+    edge = RateSearch(capacity=10.0)
+    edge.tell(6.0, True, margin=-0.01)
+    edge.tell(9.0, False, margin=0.5)
+    assert edge.next_rate() == pytest.approx(6.75)
 
 
 def test_rate_search_stops_after_max_levels_and_when_nothing_passes():
     assert len(_run(RateSearch(10.0, max_levels=3), 5.0).tried) == 3
     never = _run(RateSearch(10.0, max_levels=20), 0.0)
     assert never.goodput_rate is None and min(r for r, _ in never.tried) >= 10.0 / 32
-    easy = _run(RateSearch(10.0, max_levels=20), 100.0)
-    assert easy.bracket[1] == 10.0 and easy.goodput_rate >= 9.5
-
+    easy = _run(RateSearch(10.0, max_levels=20), 100.0)  # a capacity that measured low: it climbs past it
+    low, high = easy.bracket
+    assert low <= 100.0 < high and (high - low) / high <= 0.05
 
 
 def test_a_pass_above_the_measured_capacity_searches_on_above_it():
@@ -135,25 +171,25 @@ def test_a_pass_above_the_measured_capacity_searches_on_above_it():
     search = RateSearch(capacity=13.89)
     search.tell(12.37, True)
     search.tell(15.46, True)
-    assert search.next_rate() == pytest.approx(15.46 / 0.75)
-    assert search.bracket == (15.46, pytest.approx(15.46 / 0.75))
-    search.tell(15.46 / 0.75, False)
-    assert search.next_rate() == pytest.approx((15.46 + 15.46 / 0.75) / 2)  # then bisection
+    assert search.next_rate() == pytest.approx(15.46 / 0.85)
+    assert search.bracket == (15.46, None)  # no rate above it was measured: none is said not to pass
+    search.tell(15.46 / 0.85, False)
+    assert search.next_rate() == pytest.approx((15.46 + 15.46 / 0.85) / 2)  # then bisection
 
 
 @given(capacity=st.floats(1, 100), true_rate=st.floats(0, 300), race=st.floats(0.1, 1.2),
        max_levels=st.integers(1, 8))
 def test_a_search_started_anywhere_brackets_the_rate_it_can_show(capacity, true_rate, race, max_levels):
-    """A race at `race` x the capacity (above it too, as a burst that measured low allows), then the search: its
-    bracket never inverts, and unless it ran out of levels it ends within the resolution of the true rate, or of
-    the capacity where no rate at or above it was shown to pass (the capacity is taken for not held)."""
+    """A race at `race` x the capacity, then the search: its bracket never inverts, its upper end is a rate it
+    measured, and unless it ran out of levels it ends within the resolution of the true rate."""
     search = RateSearch(capacity=capacity, max_levels=max_levels)
     search.tell(race * capacity, race * capacity <= true_rate)
     _run(search, true_rate)
     low, high = search.bracket
-    assert low < high and low <= true_rate
+    assert low <= true_rate and (high is None or (low < high and high in [r for r, _ in search.tried]))
     if not search.spent and search.goodput_rate is not None:
-        assert (true_rate < high or high == capacity) and (high - low) / high <= search.resolution
+        assert high is not None and true_rate < high and (high - low) / high <= search.resolution
+
 
 def _row(trial, role, value, bracket, status="ok"):
     return outcomes.row(trial, role, status=status, value=value, goodput_rate=value, goodput_bracket=bracket,

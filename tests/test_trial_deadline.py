@@ -56,7 +56,7 @@ class _Holds(Levels):
         if name == LevelName.CAPACITY:
             self.capacity = self.CAPACITY
         level = SimpleNamespace(name=name, rate=rate, passed=rate <= self.GOODPUT, verdict="pass", stopped=None,
-                                tests=[])
+                                tests=[], metrics=SimpleNamespace(completed=0))
         self.levels.append(level)
         return level
 
@@ -64,12 +64,12 @@ class _Holds(Levels):
 @pytest.mark.parametrize("beat", [None, 6.0])
 def test_a_candidate_that_passes_its_race_is_searched_upward(beat):
     levels = SimpleNamespace(resolution=0.05, max_levels=6, warmup_requests=0)
-    plan = SimpleNamespace(race=Race(5.0, beat), levels=levels, fixed_levels=(), objective="goodput")
+    plan = SimpleNamespace(race=Race(5.0, beat), levels=levels, fixed_levels=(), objective="goodput", slo={})
     trial = _Holds(plan, SimpleNamespace(alive=lambda: True), None, None, time, Hooks())
     search = trial.measure()
     names = [lv.name for lv in trial.levels]
     assert names[:2 if beat is None else 3] == ["capacity", "race", *(["search"] if beat else [])]
-    assert search.capacity == 10.0 and 7.5 < search.goodput_rate <= 8.0 and not math.isinf(search.bracket[1])
+    assert search.capacity == 10.0 and 7.5 < search.goodput_rate <= 8.0 and search.bracket[1] is not None
     # a race that does not pass ends the trial there
     plan.race = Race(9.0, beat)
     lost = _Holds(plan, SimpleNamespace(alive=lambda: True), None, None, time, Hooks())
@@ -92,7 +92,7 @@ class _Burst(_Holds):
 @pytest.mark.parametrize("bursts", [1, 2])
 def test_a_race_failed_early_and_narrowly_is_run_once_more(bursts):
     levels = SimpleNamespace(resolution=0.05, max_levels=6, warmup_requests=0)
-    plan = SimpleNamespace(race=Race(5.0), levels=levels, fixed_levels=(), objective="goodput")
+    plan = SimpleNamespace(race=Race(5.0), levels=levels, fixed_levels=(), objective="goodput", slo={})
     trial = _Burst(plan, SimpleNamespace(alive=lambda: True), None, None, time, Hooks())
     trial.bursts = bursts
     search = trial.measure()

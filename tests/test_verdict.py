@@ -10,9 +10,10 @@ import outcomes
 import pytest
 
 from servetune.loadgen.records import RequestRecord
-from servetune.measure.verdict import (RAMP_SAMPLE, Boundaries, Decision, LevelTest, SloTest, binomial_cdf,
-                                       clopper_pearson, fail_reasons, itl_bounds, keeping_up_unshown, level_verdict,
+from servetune.measure.verdict import (FAIL_SPAN_S, RAMP_SAMPLE, Boundaries, Decision, LevelTest, SloTest, binomial_cdf,
+                                       clopper_pearson, fail_reasons, itl_bounds, level_verdict,
                                        passes)
+from servetune.measure.steady import keeping_up_unshown
 
 MS = 1_000_000
 
@@ -28,6 +29,12 @@ def record(index: int, ttft_ms: float = 10.0, gaps_ms: list[float] | None = None
     return RequestRecord(index=index, prompt_len=10, expected_output_len=len(chunks), warmup=False, scheduled_ns=start,
                          start_ns=start, chunk_ns=chunks, end_ns=chunks[-1], output_tokens=len(chunks), error=error,
                          http_status=200 if error is None else 500)
+
+
+def level_test(slo: dict, n: int, every_ms: int = 100, first_index: int = 0) -> LevelTest:
+    """The test of a level of `n` requests due `every_ms` apart (as `record` sends them), counted to its end."""
+    return LevelTest(slo, first=40, due_ns=[(first_index + k) * every_ms * MS for k in range(n)],
+                     first_index=first_index)
 
 
 def test_binomial_tail_and_clopper_pearson_bounds_match_their_closed_forms():
@@ -63,13 +70,13 @@ def test_the_fail_looks_together_keep_their_error_rate():
 
 
 def test_a_level_passes_only_at_its_end_and_fails_as_soon_as_it_shows():
-    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400)
+    test = level_test({"ttft_p99_ms": 50.0}, 400)
     for i in range(400):
         assert test.add(record(i)) == Decision.UNDECIDED  # however clean, no pass before the level's end
     assert test.finish() == Decision.PASS and test.skipped == 1  # the first request was the fill
     t = test.tests["ttft_p99_ms"]
     assert (t.over, t.counted, t.requests) == (0, 399, 399) and t.high <= 0.01
-    short = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400)
+    short = level_test({"ttft_p99_ms": 50.0}, 400)
     for i in range(250):  # stopped early (a deadline): 249 clean requests cannot show a p99
         short.add(record(i))
     assert short.finish() == Decision.UNDECIDED
@@ -78,33 +85,42 @@ def test_a_level_passes_only_at_its_end_and_fails_as_soon_as_it_shows():
 def test_the_requests_sent_while_a_level_fills_up_are_not_counted():
     # one every 10 ms; the first 5 are the level's only slow ones (95 ms end to end, the rest 45), which puts the
     # p90 of the first 20 at 95 ms: the 10 requests due in those 95 ms are the fill, and without them it passes
-    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
+    test = level_test({"ttft_p99_ms": 50.0}, 600, every_ms=10)
     for i in range(600):
         test.add(record(i, ttft_ms=60.0 if i < 5 else 10.0, every_ms=10))
     assert test.finish() == Decision.PASS and test.fill_end_ns == 95 * MS and test.skipped == 10
     assert test.tests["ttft_p99_ms"].over == 0
 
 
-def test_a_level_fails_early_on_slow_requests_and_at_once_on_an_error():
-    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
-    for i in range(60):
+def test_a_level_fails_once_its_requests_span_the_fail_span_and_at_once_on_an_error():
+    test = level_test({"ttft_p99_ms": 50.0}, 600)
+    for i in range(600):
         if test.add(record(i, ttft_ms=80.0 if i % 10 == 5 else 10.0)) != Decision.UNDECIDED:
             break
-    # 10% over: the fail side looks from FIRST_FAIL_LOOK counted requests, below the 40 a pass rests on
-    assert test.decision == Decision.FAIL and test.tests["ttft_p99_ms"].over == 3 and test.requests < 30
+    # 10% over, spread through the level: it fails as soon as its counted requests span FAIL_SPAN_S (10 s here)
+    span = FAIL_SPAN_S * 1000 / 100
+    assert test.decision == Decision.FAIL and span <= test.requests <= span + 2
     assert test.tests["ttft_p99_ms"].low > 0.01
-    mostly = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
-    for i in range(60):
-        if mostly.add(record(i, ttft_ms=80.0)) != Decision.UNDECIDED:
-            break
-    # all over: decided as soon as the fill is known (from the first RAMP_SAMPLE requests), not at the 40th
-    assert mostly.decision == Decision.FAIL and mostly.requests < RAMP_SAMPLE
-    failing = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=600)
+    failing = level_test({"ttft_p99_ms": 50.0}, 600)
     assert failing.add(record(0, error="http_500: boom")) == Decision.FAIL
 
 
+def test_one_stall_of_a_busy_machine_fails_no_level():
+    # 20 req/s for 40 s, every request due in 3 s of it over the bound (a stall): 7.5% over, in three windows
+    stalled = level_test({"ttft_p99_ms": 50.0}, 800, every_ms=50)
+    for i in range(800):
+        stalled.add(record(i, ttft_ms=900.0 if 300 <= i < 360 else 10.0, every_ms=50))
+    assert stalled.finish() != Decision.PASS and stalled.decision == Decision.UNDECIDED
+    # as many over, spread through the level, fail it
+    spread = level_test({"ttft_p99_ms": 50.0}, 800, every_ms=50)
+    for i in range(800):
+        if spread.add(record(i, ttft_ms=900.0 if i % 13 == 0 else 10.0, every_ms=50)) != Decision.UNDECIDED:
+            break
+    assert spread.decision == Decision.FAIL
+
+
 def test_requests_count_in_send_order_so_a_slow_one_in_flight_holds_back_the_verdict():
-    test = LevelTest({"e2el_p99_ms": 100.0}, first=40, cap=400)
+    test = level_test({"e2el_p99_ms": 100.0}, 400)
     for i in [*range(5), *range(6, 346)]:  # request 5 (the slow one) has not finished yet
         test.add(record(i))
     assert test.decision == Decision.UNDECIDED and test.requests == 0  # nothing counts past it
@@ -113,14 +129,14 @@ def test_requests_count_in_send_order_so_a_slow_one_in_flight_holds_back_the_ver
 
 
 def test_the_warm_up_requests_are_not_counted():
-    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400, first_index=8)
+    test = level_test({"ttft_p99_ms": 50.0}, 300, first_index=8)
     for i in range(8, 8 + 300):
         test.add(record(i))
     assert test.finish() == Decision.PASS and test.requests == 299 and test.skipped == 1
 
 
 def test_an_undecided_level_at_its_end_stays_undecided():
-    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, cap=400)
+    test = level_test({"ttft_p99_ms": 50.0}, 400)
     for i in range(400):
         test.add(record(i, ttft_ms=80.0 if i == 7 else 10.0))  # 1 of 400: under 1%, not shown at 95%
     assert test.finish() == Decision.UNDECIDED
@@ -160,7 +176,7 @@ def stepped(requests: int, every_ms: int, tokens: int, slow: tuple[float, float]
 
 def level(records: list[RequestRecord]) -> LevelTest:
     """A level's test of p99 ITL <= 40 ms fed these records as they finish."""
-    test = LevelTest({"itl_p99_ms": 40.0}, first=40, cap=len(records))
+    test = level_test({"itl_p99_ms": 40.0}, len(records))
     for r in sorted(records, key=lambda r: r.end_ns):
         if test.add(r) != Decision.UNDECIDED:
             return test
@@ -178,17 +194,20 @@ def test_a_level_whose_gaps_over_come_in_one_episode_does_not_pass_on_its_quiet_
     assert test.decision == Decision.UNDECIDED and test.tests["itl_p99_ms"].high > 0.01
     # as many gaps over, spread through the level (a slow step in every 200), pass
     assert level(stepped(400, 100, 50, slow_every=200)).decision == Decision.PASS
-    # a slow step in every 50 (2% of gaps) fails within seconds, and so does a level whose every step is slow
-    assert level(stepped(400, 100, 50, slow_every=50)).requests < 40
-    assert level(stepped(400, 100, 50, slow=(0.0, 100.0))).requests < 20
+    # a slow step in every 50 (2% of gaps) fails once its requests span FAIL_SPAN_S, and so does a level whose
+    # every step is slow
+    span = FAIL_SPAN_S * 1000 / 100
+    assert level(stepped(400, 100, 50, slow_every=50)).decision == Decision.FAIL
+    assert level(stepped(400, 100, 50, slow_every=50)).requests < 2 * span
+    assert level(stepped(400, 100, 50, slow=(0.0, 100.0))).requests < 2 * span
 
 
 def test_an_itl_slo_passes_only_when_enough_gaps_are_clear_and_fails_on_a_stall_pattern():
-    quiet = LevelTest({"itl_p99_ms": 30.0}, first=40, cap=100)
+    quiet = level_test({"itl_p99_ms": 30.0}, 100)
     for i in range(100):
         quiet.add(record(i))
     assert quiet.finish() == Decision.PASS and quiet.tests["itl_p99_ms"].counted == 99 * 7  # gaps, not requests
-    stalled = LevelTest({"itl_p99_ms": 30.0}, first=40, cap=400)
+    stalled = level_test({"itl_p99_ms": 30.0}, 400)
     for i in range(400):
         gaps = [5.0] * 6 + [60.0] if i % 4 == 0 else [5.0] * 7  # a stall in every fourth reply: 3.6% of gaps
         if stalled.add(record(i, gaps_ms=gaps)) != Decision.UNDECIDED:

@@ -100,6 +100,10 @@ def test_both_clients_measure_the_same_requests_on_one_server(options):
     assert ttft.decision != "pass"  # 40 requests cannot pass a request-level p99 at 95%
     assert e2el.decision == "fail" and e2el.over == e2el.counted  # no reply within 1 ms
     assert not ours.slo[2].passed and not theirs.slo[2].passed
+    for client in (ours, theirs):  # the server's own histograms over each client's run: its 40 requests
+        assert set(client.server) == {"ttft", "tpot", "itl", "e2el", "queue"}
+        assert client.server["ttft"].histogram.count == client.server["e2el"].histogram.count == 40
+        assert all(check.agrees is not None for check in client.slo)
     folder = out.parent
     assert len((folder / result.dataset).read_text().splitlines()) == 40
     assert (folder / theirs.output).exists() and (folder / ours.output).exists()

@@ -7,13 +7,14 @@ import sys
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
+import typer.core
 from pydantic import BaseModel
 from rich.markup import escape
 
-from servetune.console import (BenchProgress, TuneProgress, console, progress_bar, result_table, say, show_bench,
+from servetune.console import (BenchProgress, TuneProgress, console, progress_bar, say, show_answer, show_bench,
                                verify_table, warn)
 from servetune.errors import ServetuneError
 from servetune.options import (BenchArgs, DemoArgs, MemoryArgs, ModelTinyArgs, ReportArgs, TuneArgs, UsageError,
@@ -23,17 +24,66 @@ if TYPE_CHECKING:  # the commands import what they run when they run
     from servetune.study.results import Summary
     from servetune.tuner.loop import TuneOptions
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Find the fastest vLLM configuration for a model, workload and latency target.")
-model_app = typer.Typer(no_args_is_help=True, help="Models servetune can write itself.")
+HELP_PANEL = "Help"  # --help's panel, last, in a command whose options are grouped into panels
+
+
+def _help_option(option: "typer.core.TyperOption | None", panels: bool) -> "typer.core.TyperOption | None":
+    """--help as the help shows it: with no type (Typer shows a flag's as `<bool>`), and in a panel of its own
+    where the other options are grouped into panels."""
+    if option is not None:
+        option.metavar = ""
+        if panels:
+            option.rich_help_panel = HELP_PANEL
+    return option
+
+
+class Command(typer.core.TyperCommand):
+    """A command whose flags (--resume, --help, ...) show no type in its help, and whose --help comes last."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+
+    def get_help_option(self, ctx: typer.Context) -> "typer.core.TyperOption | None":
+        panels = any(getattr(param, "rich_help_panel", None) for param in self.params)
+        return _help_option(super().get_help_option(ctx), panels)
+
+
+class Group(typer.core.TyperGroup):
+    """A command group whose --help shows no type."""
+
+    def get_help_option(self, ctx: typer.Context) -> "typer.core.TyperOption | None":
+        return _help_option(super().get_help_option(ctx), panels=False)
+
+
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find the fastest vLLM configuration for a model, workload and latency target.\n\n"
+                       "Start with `servetune tune --help`, or try `servetune demo` (a tiny model tuned here).")
+model_app = typer.Typer(cls=Group, no_args_is_help=True, help="Models servetune can write itself.")
 app.add_typer(model_app, name="model")
 
 Args = TypeVar("Args", bound=BaseModel)
 
 
+def help_text(doc: str) -> str:
+    """A command's docstring as its help shows it: each paragraph in one line, for the terminal to wrap at its width
+    (Typer keeps a docstring's line breaks, and a command's summary in `servetune --help` is its first paragraph);
+    an example's indented lines kept as they are."""
+    lines: list[str] = []
+    for line in inspect.cleandoc(doc).splitlines():
+        if lines and line and lines[-1] and not line.startswith(" ") and not lines[-1].startswith(" "):
+            lines[-1] += " " + line
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def command(on: typer.Typer, args: type[Args], name: str | None = None) -> Callable[[Callable[[Args], None]], None]:
     """Register the decorated function as a command of `on` whose options are the fields of `args` (an options
-    model: each field's type, default, flag and help), called with the model the command line gives."""
+    model: each field's type, default, flag, help and panel) and whose help is its docstring, called with the model
+    the command line gives."""
     hints = typing.get_type_hints(args, include_extras=True)
     params = [inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, annotation=hints[field],
                                 default=inspect.Parameter.empty if info.is_required() else info.default)
@@ -45,8 +95,8 @@ def command(on: typer.Typer, args: type[Args], name: str | None = None) -> Calla
 
         parsed.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         parsed.__annotations__ = {p.name: p.annotation for p in params}
-        parsed.__name__, parsed.__doc__ = run.__name__, run.__doc__
-        on.command(name)(parsed)
+        parsed.__name__, parsed.__doc__ = run.__name__, help_text(run.__doc__ or "")
+        on.command(name, cls=Command)(parsed)
 
     return register
 
@@ -80,7 +130,13 @@ def not_started(e: Exception) -> typing.NoReturn:
 
 @command(model_app, ModelTinyArgs, "tiny")
 def model_tiny(args: ModelTinyArgs) -> None:
-    """Write the embedded tiny Llama (random weights, fixed seed, own tokenizer): same bytes every time."""
+    """Write the embedded tiny Llama (random weights, fixed seed, own tokenizer): same bytes every time.
+
+    The demo and the tests serve it; it needs no model hub.
+
+    Example:
+      servetune model tiny --out .cache/tiny-llama
+    """
     from servetune.tinymodel import write_tiny_model
 
     write_tiny_model(args.out)
@@ -89,7 +145,16 @@ def model_tiny(args: ModelTinyArgs) -> None:
 
 @command(app, BenchArgs)
 def bench(args: BenchArgs) -> None:
-    """Drive load against a vLLM server (running, or launched with --launch) and report its metrics."""
+    r"""Drive load against a vLLM server and report its TTFT, TPOT, ITL, throughput and goodput.
+
+    Measures a running server (--base-url), or launches vLLM with --engine-arg, measures it and stops it
+    (--launch). The results go to --json with `vllm bench serve`'s field names, each request's timestamps beside.
+
+    Example:
+      servetune bench --base-url http://localhost:8000 --model MODEL \
+        --input-len 1024 --output-len 128 --num-prompts 500 --request-rate 8 \
+        --json bench.json
+    """
     from servetune.engine import EngineFailed
     from servetune.interrupt import handle_signals
     from servetune.measure.benchrun import run_bench
@@ -114,7 +179,18 @@ def bench(args: BenchArgs) -> None:
 
 @command(app, TuneArgs)
 def tune(args: TuneArgs) -> None:
-    """Search vLLM configs for the most goodput under SLOs (or throughput), measured on the real engine."""
+    r"""Find the vLLM config that serves the most requests per second within your SLOs, measured on the real engine.
+
+    Launches vLLM's defaults, then candidate configs, and measures each under load levels that search for the
+    highest rate whose p99 latencies hold the SLOs, until --budget servers are measured or --time-limit is
+    reached. Prints the best config and the `vllm serve` command to run it; writes summary.json, best.yaml,
+    best_command.sh, report.html and every trial's records to --out.
+
+    Example:
+      servetune tune --model /models/Llama-3.1-8B-Instruct --workload chat.yaml \
+        --slo ttft_p99_ms=1000 --slo itl_p99_ms=30 --time-limit 30m \
+        --out out/chat
+    """
     with one_line_errors():
         opts = args.resolve()
     _tune_guarded(opts)
@@ -122,8 +198,14 @@ def tune(args: TuneArgs) -> None:
 
 @command(app, DemoArgs)
 def demo(args: DemoArgs) -> None:
-    """Build the tiny model, measure this machine and tune the model on it: a small budget within a time limit, each
-    level decided at 95% confidence, the pick held against vLLM's defaults."""
+    """Tune a tiny Llama on this machine, end to end, within a time limit: servetune's demo.
+
+    Writes the tiny model, measures this machine to set the SLO (p99 ITL), then tunes: a small budget, each load
+    level decided at 95% confidence, the pick held against vLLM's defaults.
+
+    Example:
+      servetune demo --out out/demo --time-limit 9m
+    """
     import time
 
     from servetune.demo import measure_machine, write_small_chunk
@@ -217,18 +299,20 @@ def _tune(opts: "TuneOptions") -> "Summary":
     finally:
         if bar.live.is_started:
             bar.stop()
-    console.print(result_table(summary))
-    say(summary.answer, f"report: {opts.out / 'report.html'}")
-    if summary.best is not None:
-        say(f"run it: {summary.best_command}", f"outputs: {opts.out}/ (state: {summary.state})")
-    if summary.time is not None:
-        say(f"time: {summary.time}")
+    show_answer(summary, opts.out)
     return summary
 
 
 @command(app, ReportArgs)
 def report(args: ReportArgs) -> None:
-    """Write the HTML report (Pareto front, load curves, parameter effects, every trial) of a study."""
+    """Write a study's HTML report: Pareto front, load curves, parameter effects, every trial.
+
+    Reads the study in --out (or --study) without writing into it, and writes into --out report.html, its charts,
+    trials.json, levels.csv and the tune's outputs (summary.json, best.yaml, ...). Every tune writes them too.
+
+    Example:
+      servetune report --out out/chat
+    """
     from servetune.report import write_report
 
     with one_line_errors():
@@ -238,7 +322,14 @@ def report(args: ReportArgs) -> None:
 
 @command(app, MemoryArgs)
 def memory(args: MemoryArgs) -> None:
-    """Predict, without launching, whether a config fits and how many KV-cache tokens it gets."""
+    r"""Predict, without launching, whether a config fits and how many KV-cache tokens it gets.
+
+    Reads the model's config.json and its weights' sizes, and predicts vLLM's start-up memory plan (docs/memory.md).
+
+    Example:
+      servetune memory --model /models/Llama-3.1-8B-Instruct \
+        --device-memory-gib 141 --max-num-seqs 256 --max-model-len 8192
+    """
     from servetune.engine.memory import memory_report
     from servetune.jsonio import jsonable
 
@@ -258,8 +349,15 @@ def memory(args: MemoryArgs) -> None:
 
 @command(app, VerifyArgs)
 def verify(args: VerifyArgs) -> None:
-    """Measure a config at a rate with servetune's client and with vLLM's `vllm bench serve` on the same prompts,
-    and print both side by side with the SLO verdicts."""
+    """Measure a config with servetune's client and with `vllm bench serve`, and print both side by side.
+
+    Launches the config once, sends the same prompts at the same rate with each client, and prints both clients'
+    numbers with the SLO verdicts. With --out, what is not given comes from that tune: its recommended config,
+    SLOs, workload and rate.
+
+    Example:
+      servetune verify --out out/chat --num-prompts 400
+    """
     from servetune.engine import EngineFailed
     from servetune.interrupt import handle_signals
     from servetune.verify import verify as run_verify

@@ -7,9 +7,10 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from servetune.measure.benchrun import BenchRun
     from servetune.measure.metrics import LevelMetrics
     from servetune.study.outcome import TrialOutcome
-    from servetune.study.results import Summary
-    from servetune.verify import VerifyResult
+    from servetune.study.results import Summary, SummaryEntry
+    from servetune.verify import ClientResult, VerifyResult
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 and C1 controls but tab: a newline included
 
@@ -230,21 +231,50 @@ class TuneProgress(Hooks):
         console.print(text, highlight=False)
 
 
+def show_answer(summary: "Summary", out: Path) -> None:
+    """A tune's answer: its numbers in a table, each row's config in full below it, the answer in a sentence, then the
+    command to run. Configs, command and paths are printed each on one line (`whole`): a terminal wraps them where
+    it must, a log file keeps them whole, and nothing is cut to fit a column."""
+    console.print(result_table(summary))
+    for name, entry in _answer_rows(summary):
+        whole(f"{name} (trial {entry.trial}): {' '.join(to_argv(entry.config)) or '(vLLM defaults)'}")
+    say(summary.answer)
+    whole(f"report: {out / 'report.html'}")
+    if summary.best is not None:
+        whole(f"run it: {summary.best_command}")
+        whole(f"outputs: {out}/ (state: {summary.state})")
+    if summary.time is not None:
+        say(f"time: {summary.time}")
+
+
+def whole(text: str) -> None:
+    """A line that must stay whole (a command, a config, a path): never wrapped or cut by the console."""
+    console.print(escape(text), highlight=False, soft_wrap=True)
+
+
 def result_table(summary: "Summary") -> Table:
-    table = Table(title=f"servetune tune: {summary.objective} under {summary.slo or 'no SLO'}")
+    """The numbers of vLLM's defaults and of the best config (their configs are printed below it: `show_answer`)."""
+    table = Table(title=f"servetune tune: {summary.objective} under {_slos(summary.slo)}")
     latencies = headline_latencies(summary.slo)
-    for col in ("", f"goodput rate ({summary.rate_unit})", "throughput (req/s)",
-                *(lat.p99_label for lat in latencies), "config"):
+    table.add_column("", no_wrap=True)  # the row's name: "best (trial 2)"
+    for col in (f"goodput rate ({summary.rate_unit})", "throughput (req/s)", *(lat.p99_label for lat in latencies)):
         table.add_column(col)
-    held = (summary.default_rate, summary.recommended_rate)
-    for (name, m), rate in zip((("default", summary.default), ("best", summary.best)), held):
-        if m is None:
-            continue
-        table.add_row(f"{name} (trial {m.trial})", _goodput(m.goodput_rate, rate),
+    held = {"default": summary.default_rate, "best": summary.recommended_rate}
+    for name, m in _answer_rows(summary):
+        table.add_row(f"{name} (trial {m.trial})", _goodput(m.goodput_rate, held[name]),
                       _measured(m.request_throughput, ".2f"),
-                      *(_measured(m.slo_p99.get(lat.slo), ".1f") for lat in latencies),
-                      " ".join(to_argv(m.config)) or "-")
+                      *(_measured(m.slo_p99.get(lat.slo), ".1f") for lat in latencies))
     return table
+
+
+def _answer_rows(summary: "Summary") -> "list[tuple[str, SummaryEntry]]":
+    """The answer's rows: vLLM's defaults, then the best config, each where there is one."""
+    return [(name, entry) for name, entry in (("default", summary.default), ("best", summary.best)) if entry]
+
+
+def _slos(slo: Mapping[str, float]) -> str:
+    """The SLOs as the table's title says them, e.g. "p99 TTFT <= 1500 ms, p99 ITL <= 35 ms"."""
+    return ", ".join(f"p99 {latency(name).label} <= {bound:g} ms" for name, bound in slo.items()) or "no SLO"
 
 
 def _goodput(own: float | None, decided: float | None) -> str:
@@ -259,37 +289,87 @@ def _measured(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-_VERIFY_ROWS = [("completed / failed", "{0.completed} / {0.failed}"),
-                ("prompt / output tokens", "{0.total_input_tokens:,} / {0.total_output_tokens:,}"),
-                ("request throughput (req/s)", "{0.request_throughput:.2f}"),
-                ("output throughput (tok/s)", "{0.output_throughput:.1f}"),
-                *((f"{t.label} mean / p99 (ms)", f"{{0.{t.mean_field}:.2f}} / {{0.{t.p99_field}:.2f}}")
-                  for t in LATENCIES)]
+_VERIFY_COUNTS = [("completed / failed", "{0.completed} / {0.failed}"),
+                  ("prompt tokens", "{0.total_input_tokens:,}"),
+                  ("output tokens", "{0.total_output_tokens:,}"),
+                  ("request throughput (req/s)", "{0.request_throughput:.2f}"),
+                  ("output throughput (tok/s)", "{0.output_throughput:.1f}")]
+_STATS = ("mean", "p50", "p90", "p99")
 
 
-def verify_table(result: "VerifyResult") -> Table:
-    """Both clients side by side (metric | servetune | vllm bench serve | SLO | verdict), then a row per SLO."""
-    table = Table(title=f"servetune verify: {result.workload.num_requests} requests at "
-                        f"{result.workload.request_rate:g} req/s, each client",
-                  caption="verdict: each client's point p99 of its N completed requests (ITL: of their gaps) "
-                          "against the SLO; for servetune's client also the tuner's statistical test of the "
-                          "fraction over the bound (pass, fail or undecided; a TTFT, TPOT or E2EL p99 cannot pass on "
-                          "fewer than 299 requests after the level fills up)")
-    for column in ("metric", "servetune", "vllm bench serve", "SLO", "verdict"):
-        table.add_column(column, justify="right" if column in ("servetune", "vllm bench serve") else "left")
-    ours, theirs = result.servetune, result.vllm
-    for label, fmt in _VERIFY_ROWS:
-        table.add_row(label, fmt.format(ours.metrics), fmt.format(theirs.metrics) if theirs else "-")
-    their_checks = {check.name: check for check in theirs.slo} if theirs else {}
-    for check in ours.slo:
-        other = their_checks.get(check.name)
-        test = (f" (test: {check.test.decision}, {check.test.over} of {check.test.counted} "
-                f"{latency(check.name).counts} over)" if check.test else "")
-        verdict = (f"servetune {_verdict(check.passed)}, N={check.requests}{test}"
-                   + (f"; vllm {_verdict(other.passed)}, N={other.requests}" if other else ""))
-        table.add_row(f"{check.name}", f"{check.p99_ms:.2f}", f"{other.p99_ms:.2f}" if other else "-",
-                      f"<= {check.bound_ms:g}", verdict)
+def verify_table(result: "VerifyResult") -> Group:
+    """Both clients side by side, each beside the server's view of its run; the SLOs against each client's p99 and
+    the server's; then per SLO which client the server bears out, and servetune's statistical test."""
+    lines = [f"{name}: {says}" for name, says in result.server_says.items()]
+    lines += [f"{check.name}: servetune's test {check.test.decision} ({check.test.over} of {check.test.counted} "
+              f"{latency(check.name).counts} over)" for check in result.servetune.slo if check.test]
+    return Group(_clients_table(result), *([_slo_table(result)] if result.slo else []),
+                 *(Text(line) for line in lines))
+
+
+def _verify_columns(table: Table) -> Table:
+    for column in ("", "servetune", "server", "vllm bench", "server"):
+        table.add_column(column, justify="right" if column else "left")
     return table
+
+
+def _clients_table(result: "VerifyResult") -> Table:
+    """metric | servetune | server | vllm bench | server: each client's numbers, and the server's over its run."""
+    table = _verify_columns(Table(
+        title=f"servetune verify: {result.workload.num_requests} requests at {result.workload.request_rate:g} "
+              "req/s, each client",
+        caption="vllm bench: vllm bench serve; server: vLLM's own histograms (/metrics) over the run of the client "
+                "left of it: exact means, quantiles linear inside a bucket (only as fine as vLLM's buckets)"))
+    clients = (result.servetune, result.vllm)
+    for label, fmt in _VERIFY_COUNTS:
+        table.add_row(label, *(cell for client in clients for cell in (
+            fmt.format(client.metrics) if client else "-",
+            _server_count(client) if label.startswith("completed") else "")))
+    for lat in LATENCIES:
+        key = lat.label.lower()
+        for stat in _STATS:
+            table.add_row(f"{lat.label} {stat} (ms)", *(cell for client in clients for cell in (
+                _ms(getattr(client.metrics, f"{stat}_{key}_ms")) if client else "-", _server_ms(client, key, stat))))
+    for stat in ("mean", "p99"):
+        table.add_row(f"queued {stat} (ms)", *(cell for client in clients
+                                                 for cell in ("-", _server_ms(client, "queue", stat))))
+    return table
+
+
+def _slo_table(result: "VerifyResult") -> Table:
+    """SLO | servetune | server | vllm bench | server: each client's p99 and verdict, the server's p99 range."""
+    table = _verify_columns(Table(title="SLOs: p99 (ms) and verdict; the server's p99 over each run"))
+    theirs = {check.name: check for check in result.vllm.slo} if result.vllm else {}
+    for ours in result.servetune.slo:
+        cells = [cell for check in (ours, theirs.get(ours.name)) for cell in (
+            (f"{_ms(check.p99_ms)} {_verdict(check.passed)}", check.server_p99.span() if check.server_p99 else "-")
+            if check else ("-", "-"))]
+        table.add_row(f"{ours.name} <= {ours.bound_ms:g}", *cells)
+    return table
+
+
+def _ms(value: float | None) -> str:
+    """A latency cell: 1 decimal under 100 ms, whole ms above; "-" where there is none."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _server_count(client: "ClientResult | None") -> str:
+    """The requests the server finished over a client's run (its E2EL histogram's count)."""
+    seen = client.server.get("e2el") if client and client.server else None
+    return f"{seen.histogram.count}" if seen else "-"
+
+
+def _server_ms(client: "ClientResult | None", key: str, stat: str) -> str:
+    """The server's mean, or its quantile's estimate, of latency `key` over a client's run."""
+    seen = client.server.get(key) if client and client.server else None
+    if seen is None:
+        return "-"
+    if stat == "mean":
+        return _ms(seen.mean_ms)
+    quantile = getattr(seen, stat)
+    return _ms(quantile.estimate_ms if quantile else None)
 
 
 def _verdict(passed: bool) -> str:

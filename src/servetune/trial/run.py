@@ -1,15 +1,23 @@
 """One trial: launch vLLM with a config, measure its goodput rate (or its capacity) over load levels, stop it.
 
 Before the first level the running server is checked against the workload (`Server.preflight`): a config that
-would refuse or cut short part of the workload is not measured. A search trial measures its capacity (every
-request at once, held to CAPACITY_S once enough have finished), then the rate search (`RateSearch`). A candidate
-given a `race` (the best goodput rate measured so far) is measured there after its capacity level, with the
-fail-early test: it loses in seconds, or passes and is measured next at the rate that would beat the best, and
-searched upward from there. A head-to-head trial measures fixed (rate, seed) levels. Each level at a finite rate
-sends until its verdict is final (`servetune.measure.verdict`); the trial's budget (`timelimit.LevelBudget`) sizes
-it, and a level that could not reach a verdict before the budget's end is not started. A trial that fails (OOM,
-bad config, a server that dies, a workload the config rejects) returns an outcome that says so; it never raises
-for the engine's sake.
+would refuse or cut short part of the workload is not measured. A search trial measures its capacity first: a
+closed loop that keeps CAPACITY_CONCURRENCY requests in flight (fewer where the config runs fewer at once), whose
+output tokens per second over CAPACITY_S, once the first of them have finished, divided by the workload's mean
+reply, is the rate it sustains at full load (a burst's completions would be bounded by its longest reply). Then
+the rate search (`RateSearch`), from 90% of that capacity, each next rate from the margins the levels measured. A
+candidate given a `race` (the best goodput rate measured so far) is measured there after its capacity level, with
+the fail-early test: it loses in seconds, or passes and is measured next at the rate that would beat the best, and
+searched upward from there. A head-to-head trial measures fixed (rate, seed) levels.
+
+A level at a finite rate is sized in time: its arrivals last its fill (the p99 latency its replies take), a steady
+window whose requests its verdict counts (`servetune.measure.verdict`) and over which its keeping up is judged
+(`servetune.measure.steady`), and a tail under the same load while the window's last replies finish; it ends
+when every request of its window has finished, or its verdict failed. The window holds `requests` requests (at
+least what a pass rests on and MIN_WINDOW_S, more where the keep-up test needs a longer one), cut to what the
+trial's budget (`timelimit.LevelBudget`) affords; a level that could not reach a verdict before the budget's end is
+not started. A trial that fails (OOM, bad config, a server that dies, a workload the config rejects) returns an
+outcome that says so; it never raises for the engine's sake.
 """
 
 import math
@@ -25,9 +33,11 @@ from typing import Any
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
 from servetune.loadgen import LoadShape, RequestRecord
-from servetune.measure.metrics import completion_rate, e2el_ms, tpot_ms, ttft_ms
-from servetune.measure.slo import TPOT, TTFT, Objective
-from servetune.measure.verdict import Decision, LevelTest, least_counted, level_verdict
+from servetune.loadgen.runner import due_times
+from servetune.measure.metrics import e2el_ms, summarize, tpot_ms, ttft_ms
+from servetune.measure.slo import TPOT, TTFT, Objective, latency
+from servetune.measure.steady import Window, keep_up_window_s
+from servetune.measure.verdict import Decision, LevelTest, least_counted, level_fell_behind, level_verdict
 from servetune.search.objective import RateSearch
 from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
 from servetune.timelimit import Clock, LevelBudget, duration
@@ -39,19 +49,29 @@ from servetune.workload.trace import trace_rate
 SATURATION_MIN_FINISHED = 20
 BEHIND_SHARE = 0.9  # a level that finished fewer of its due requests than this is falling behind (`behind`)
 BEHIND_AFTER_S = 10.0
-CAPACITY_S = 30.0  # a search's capacity level ends after this long once CAPACITY_MIN_FINISHED have finished
+CAPACITY_CONCURRENCY = 1024  # requests the capacity level keeps in flight: the config's max-num-seqs where it sets
+# one, else as many as vLLM's largest default runs at once (a full batch, and a queue where it runs fewer)
+CAPACITY_OPENS = 32  # the capacity level's window opens once this many requests (at most a quarter) have finished,
+CAPACITY_S = 20.0  # and lasts this long
 CAPACITY_MIN_FINISHED = 10
 FAR_OVER = 0.25  # a level with at least this share over a bound failed by far (`failed_far`)
-FILL_SPARE = 5  # requests beyond the fill's estimate (`least_requests`)
-DRAIN_GUESS_S = 10.0  # a level's last replies, before any level at a finite rate was measured
+MIN_WINDOW_S = 20.0  # the shortest steady window of a level at a finite rate
+KEEP_UP_WINDOW_MAX_S = 120.0  # a level's window grows to what its keep-up test needs, up to this,
+NEAR_CAPACITY = 0.85  # ... at a rate this close to the capacity or above it; below, the capacity shows it keeps up
+TAIL_SPARE = 1.5  # arrivals go on this many p99 latencies past the window: its last replies finish under load
+POOL_LEVELS = 6  # the prompt pool holds this many levels of `requests`
+EXTEND = 4  # a level undecided with its p99s within their bounds counts on to this many windows (`LevelTest`)
+DRAIN_GUESS_S = 10.0  # a level's p99 latency before any level was measured
+FILL_SPARE = 5  # requests beyond what a pass rests on (`--level-requests` must leave room for a fill)
 
 
 @dataclass(frozen=True)
 class LevelOptions:
-    """How load levels are sized and decided, the same for every trial of a study. A level at a finite rate
-    sends until its statistical verdict is final (`servetune.measure.verdict`), at most `requests`."""
+    """How load levels are sized and decided, the same for every trial of a study. A level at a finite rate counts
+    `requests` requests in its steady window (fewer where the time limit leaves less), and its pool of prompts
+    holds POOL_LEVELS times as many."""
 
-    requests: int = 600  # most requests a level sends (and the size of each prompt set)
+    requests: int = 600  # requests a level's window aims to count
     min_requests: int = 40  # fewest requests a verdict rests on
     max_levels: int = 6  # levels per trial in the rate search
     warmup_requests: int = 8
@@ -59,6 +79,11 @@ class LevelOptions:
     confidence: float = 0.95  # of each level's verdict, pass and fail alike
     request_timeout_s: float | None = None  # None: derived from each level's requests (bench.default_request_timeout_s)
     startup_timeout_s: float = 900.0
+
+    @property
+    def pool(self) -> int:
+        """Prompts a study builds for its levels (each level takes them from its own place in the pool)."""
+        return POOL_LEVELS * self.requests + self.warmup_requests
 
 
 @dataclass(frozen=True)
@@ -69,7 +94,7 @@ class TrialPlan:
     workload: WorkloadSpec
     slo: dict[str, float]
     objective: Objective
-    level_sets: list[list[RequestSpec]]  # a fresh prompt set per level; set 0 is for the capacity level
+    level_sets: list[list[RequestSpec]]  # the prompt pool (one set; a head-to-head's own, fresh one)
     levels: LevelOptions = LevelOptions()
     engine_env: dict[str, str] = field(default_factory=dict)
     fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # a head-to-head: (rate, seed) each
@@ -91,14 +116,37 @@ def requests_per_s(plan: TrialPlan, rate: float) -> float:
     return rate * (trace_rate(plan.level_sets[0]) or 1.0)
 
 
-def least_requests(plan: TrialPlan, rate_per_s: float, drain_s: float) -> int:
-    """The fewest requests a level at `rate_per_s` can pass on: those its verdict counts (`verdict.least_counted`)
-    and those sent while it fills up (about `drain_s`, the requests' latency, with half again and FILL_SPARE more:
-    the fill is read off the level's own first requests)."""
+def least_requests(plan: TrialPlan, rate_per_s: float) -> int:
+    """The fewest requests a level at `rate_per_s` counts in its window to pass: those its verdict needs
+    (`verdict.least_counted`), and those of MIN_WINDOW_S."""
     outputs = [r.output_len for r in plan.level_sets[0]]
     gaps = statistics.mean(outputs) - 1 if outputs else 1.0
     counted = least_counted(plan.slo, plan.levels.confidence, plan.levels.min_requests, gaps)
-    return counted + math.ceil(1.5 * rate_per_s * drain_s) + FILL_SPARE
+    return max(counted, math.ceil(rate_per_s * MIN_WINDOW_S))
+
+
+@dataclass(frozen=True)
+class Latency:
+    """What a level's requests take end to end (s), as the levels so far measured it: the p99 (its fill, over which
+    the requests in flight grow to their steady number, and its tail) and the mean (for the keep-up test's
+    window)."""
+
+    p99_s: float = DRAIN_GUESS_S
+    mean_s: float = DRAIN_GUESS_S
+
+    @property
+    def overhead_s(self) -> float:
+        """What a level takes beyond its window: the fill and the tail."""
+        return 2 * self.p99_s
+
+    @classmethod
+    def of(cls, level: LevelOutcome) -> "Latency":
+        return cls(p99_s=level.metrics.p99_e2el_ms / 1000, mean_s=level.metrics.mean_e2el_ms / 1000)
+
+
+def level_seconds(plan: TrialPlan, rate_per_s: float, e2e: Latency) -> float:
+    """How long the least deciding level at `rate_per_s` takes: its fill, its least window and its tail."""
+    return least_requests(plan, rate_per_s) / rate_per_s + e2e.overhead_s
 
 
 Launcher = Callable[[TrialPlan, dict[str, Any], Path, float], Server]  # (plan, config, log, startup timeout)
@@ -110,13 +158,12 @@ def vllm_server(plan: TrialPlan, engine_args: dict[str, Any], log_path: Path, st
     return VllmServer(engine, plan.workload.endpoint)
 
 
-def saturation_check(slo: dict[str, float], rate: float, n: int,
+def saturation_check(slo: dict[str, float], rate: float, schedule_s: float,
                      clock: Clock = time) -> Callable[[Sequence[RequestRecord]], bool]:
     """A `should_stop` that cuts a level at `rate` req/s once it is clearly saturated: the recent median TTFT or
     TPOT is far past its SLO; it has fallen far behind its arrivals (`behind`); or it runs 50% (plus 10 s) longer
-    than its schedule (the queue is growing)."""
+    than its schedule of `schedule_s` (the queue is growing)."""
     started = clock.time()
-    schedule_s = n / rate
     lag: list[float] = []  # the p90 end-to-end latency (s) of the first finished: how long keeping up takes
 
     def should_stop(finished: Sequence[RequestRecord]) -> bool:
@@ -151,17 +198,35 @@ def behind(finished: int, due: float, elapsed_s: float, lag_s: float) -> bool:
     return finished < BEHIND_SHARE * due - 3 * math.sqrt(due)
 
 
+class CapacityBox:
+    """The capacity level's window: it opens when `opens_after` of the closed loop's requests have finished and
+    closes CAPACITY_S later, once CAPACITY_MIN_FINISHED more have (`opened_ns`, `closed`)."""
+
+    def __init__(self, opens_after: int):
+        self.opens_after = opens_after
+        self.opened_ns: int | None = None
+
+    def closed(self, finished: Sequence[RequestRecord], now_ns: int) -> bool:
+        ok = [r for r in finished if r.ok]
+        if self.opened_ns is None:
+            if len(ok) < self.opens_after:
+                return False
+            self.opened_ns = sorted(r.end_ns for r in ok)[self.opens_after - 1]
+        after = sum(r.end_ns > self.opened_ns for r in ok)
+        return now_ns - self.opened_ns >= CAPACITY_S * 1e9 and after >= CAPACITY_MIN_FINISHED
+
+
 class LevelStop:
-    """A level's `should_stop`: its verdict is final (`test`), it is saturated, the deadline (epoch s) passed,
-    or a capacity level has run `box_s` with enough finished. `why` says which stopped it: "decided",
-    "saturated", "time limit" or "measured"."""
+    """A level's `should_stop`: its verdict failed or its window is complete (`test`), it is saturated, the deadline
+    (epoch s) passed, or a capacity level's window closed (`box`). `why` says what stopped it before its window
+    was complete: "decided", "saturated", "time limit" or "measured" (None: it was complete)."""
 
     def __init__(self, test: LevelTest | None, saturated: Callable[[Sequence[RequestRecord]], bool] | None,
-                 deadline: float | None, box_s: float | None = None, clock: Clock = time):
-        self.test, self.saturated, self.deadline, self.box_s, self.clock = test, saturated, deadline, box_s, clock
-        self.started = clock.time()
+                 deadline: float | None, box: CapacityBox | None = None, clock: Clock = time):
+        self.test, self.saturated, self.deadline, self.box, self.clock = test, saturated, deadline, box, clock
         self.seen = 0
         self.why: str | None = None
+        self.complete = False
 
     def __call__(self, finished: Sequence[RequestRecord]) -> bool:
         if self.test is not None:
@@ -171,14 +236,32 @@ class LevelStop:
         now = self.clock.time()
         if self.test is not None and self.test.decision != Decision.UNDECIDED:
             self.why = "decided"
+        elif self.test is not None and self.test.complete:
+            self.complete = True
         elif self.saturated is not None and self.saturated(finished):
             self.why = "saturated"
         elif self.deadline is not None and now >= self.deadline:
             self.why = "time limit"
-        elif (self.box_s is not None and now - self.started >= self.box_s
-              and sum(r.ok for r in finished) >= CAPACITY_MIN_FINISHED):
+        elif self.box is not None and self.box.closed(finished, _now_ns(finished)):
             self.why = "measured"
-        return self.why is not None
+        return self.why is not None or self.complete
+
+
+def _now_ns(finished: Sequence[RequestRecord]) -> int:
+    """The load generator's clock now, as far as the records tell: the latest end among them (`perf_counter_ns`)."""
+    return max((r.end_ns for r in finished), default=0)
+
+
+def capacity(records: Sequence[RequestRecord], opened_ns: int | None, mean_output: float) -> float | None:
+    """Requests per second a closed loop sustains: the output tokens per second its requests received from the moment
+    its window opened (`CapacityBox`) to its last token, over the workload's mean reply; None without a window."""
+    if opened_ns is None or mean_output <= 0:
+        return None
+    chunks = np.concatenate([np.asarray(r.chunk_ns) for r in records if r.chunk_ns] or [np.zeros(0)])
+    chunks = chunks[chunks > opened_ns]
+    if len(chunks) < 2:
+        return None
+    return len(chunks) / ((chunks.max() - opened_ns) / 1e9) / mean_output
 
 
 def run_trial(
@@ -223,7 +306,8 @@ def run_trial(
         return TrialOutcome.failed(server.engine_args, refusal, rate_unit=unit, startup=startup, wall_s=wall_s)
     died = None if alive else Failure(kind=FailureKind.DIED, reason="the server died during the load levels",
                                       log=server.log_path.name)
-    figures = _headline(trial.levels, search) if trial.levels and not plan.fixed_levels else Headline()
+    per_s = trial.capacity * requests_per_s(plan, 1.0) if trial.capacity else None
+    figures = _headline(trial.levels, search, per_s) if trial.levels and not plan.fixed_levels else Headline()
     return TrialOutcome(
         status=TrialStatus.OK if alive else TrialStatus.FAILED, config=server.engine_args, failure=died,
         rate_unit=unit, startup=startup, levels=trial.levels, wall_s=wall_s, cut_short=trial.cut,
@@ -244,6 +328,7 @@ class Levels:
         self.cut: str | None = None
         self.needed_s: float | None = None  # what the level the time limit left unmeasured needed
         self.capacity: float | None = None  # at full load, in the study's rate unit: the search's upper bound
+        self.full_batch: Latency | None = None  # the capacity level's requests' decode times
 
     def measure(self) -> RateSearch | None:
         """Every level of the plan: its fixed ones (a head-to-head), its capacity (objective throughput), or the
@@ -254,45 +339,44 @@ class Levels:
                 if not self.server.alive() or self.run(LevelName.CONFIRM, rate, warmup if i == 0 else 0, seed) is None:
                     break
             return None
-        if self.plan.objective != Objective.GOODPUT:
-            self.run(LevelName.CAPACITY, math.inf, warmup)
+        self.run(LevelName.CAPACITY, math.inf, warmup)
+        if self.plan.objective != Objective.GOODPUT or not self.capacity:
             return None
         if self.plan.race is not None:
-            return self._race(self.plan.race, warmup)
-        self.run(LevelName.CAPACITY, math.inf, warmup)
-        if not self.capacity:
-            return None
-        search = RateSearch(self.capacity, self.plan.levels.resolution, self.plan.levels.max_levels)
+            return self._race(self.plan.race)
+        search = self._new_search(self.capacity)
         if math.isfinite(self.plan.workload.request_rate):
             at_target = self.run(LevelName.TARGET, self.plan.workload.request_rate)
             if at_target is None:
                 return search
-            search.tell(at_target.rate, at_target.passed, far=failed_far(at_target))
+            self._tell(search, at_target)
         return self._search(search)
 
-    def _race(self, race: Race, warmup: int) -> RateSearch | None:
-        """A candidate: its capacity first (every request at once: every batch shape the race will see runs once
-        before the race's fail-early test looks, as for the defaults and every searched trial), then the best rate
+    def _new_search(self, upper: float) -> RateSearch:
+        return RateSearch(upper, self.plan.levels.resolution, self.plan.levels.max_levels)
+
+    def _tell(self, search: RateSearch, level: LevelOutcome) -> None:
+        search.tell(level.rate, level.passed, far=failed_far(level), margin=margin(level, self.plan.slo, self.capacity))
+
+    def _race(self, race: Race) -> RateSearch | None:
+        """A candidate: its capacity first (as for the defaults and every searched trial), then the best rate
         measured so far (once more after an `early_narrow_fail`); a pass there is measured next at the rate that
         would beat it (a level the budget starts even where it would not let the trial sharpen a rate it holds), and
-        only a pass there is searched on upward, to the capacity."""
-        self.run(LevelName.CAPACITY, math.inf, warmup)
-        if not self.capacity:
-            return None
+        only a pass there is searched on upward."""
         first = self.run(LevelName.RACE, race.rate)
         if first is not None and early_narrow_fail(first):
             first = self.run(LevelName.RACE, race.rate) or first  # once more, on fresh prompts, where it fits
         if first is None:
             return None
-        search = RateSearch(max(race.rate, self.capacity), self.plan.levels.resolution, self.plan.levels.max_levels)
-        search.tell(race.rate, first.passed)
+        search = self._new_search(max(race.rate, self.capacity))
+        self._tell(search, first)
         if not first.passed:
             return search
         if race.beat is not None and race.beat > race.rate:
             beat = self.run(LevelName.SEARCH, race.beat, decisive=True)
             if beat is None:
                 return search
-            search.tell(race.beat, beat.passed, far=failed_far(beat))
+            self._tell(search, beat)
             if not beat.passed:
                 return search  # a tie: between the two rates it cannot beat the config that holds the best
         return self._search(search)
@@ -308,7 +392,7 @@ class Levels:
             level = self.run(LevelName.SEARCH, rate)
             if level is None:
                 break
-            search.tell(rate, level.passed, far=failed_far(level))
+            self._tell(search, level)
         return search
 
     def end(self) -> float:
@@ -318,81 +402,163 @@ class Levels:
         return self.budget.end([lv.rate for lv in self.levels if lv.passed and math.isfinite(lv.rate)],
                                requests_per_s(self.plan, 1.0))
 
-    def drain_s(self) -> float:
-        """How long a level's last replies take: the p90 end-to-end latency of the last level at a finite rate,
-        else the median of the capacity level (every request at once: an upper bound)."""
-        measured = [lv for lv in self.levels if lv.metrics.completed]
-        finite = [lv for lv in measured if math.isfinite(lv.rate)]
+    def latency(self) -> Latency:
+        """What the next level's requests take end to end (`Latency`): as the last level at a finite rate measured
+        it, else the capacity level's decode times (a full batch: an upper bound; its queue left out)."""
+        finite = [lv for lv in self.levels if lv.metrics.completed and math.isfinite(lv.rate)]
         if finite:
-            return finite[-1].metrics.p90_e2el_ms / 1000
-        return min(DRAIN_GUESS_S, measured[-1].metrics.median_e2el_ms / 1000) if measured else DRAIN_GUESS_S
+            return Latency.of(finite[-1])
+        return self.full_batch or Latency()
 
-    def least(self, rate_per_s: float) -> int:
-        return least_requests(self.plan, rate_per_s, self.drain_s())
+    def pool(self, index: int) -> list[RequestSpec]:
+        """Level `index`'s requests: the pool from a place of its own (sessions and traces: from the start, in
+        order)."""
+        pool = self.plan.level_sets[index % len(self.plan.level_sets)]
+        if len(self.plan.level_sets) > 1 or self.plan.workload.sessions or self.plan.workload.trace:
+            return pool
+        at = (index * 7919) % len(pool)
+        return pool[at:] + pool[:at]
 
     def run(self, name: LevelName, rate: float, warmup: int = 0, seed: int | None = None,
             decisive: bool = False) -> LevelOutcome | None:
         """Send one level and keep its outcome; None (and `cut` set) when it could not reach a verdict before the
         budget's end. A `decisive` level is sized as if the trial had decided no level yet (`LevelBudget.requests`)."""
-        plan, index = self.plan, len(self.levels)
+        index = len(self.levels)
         seed = index if seed is None else seed
-        requests = plan.level_sets[index % len(plan.level_sets)]
-        n = min(plan.levels.requests, len(requests) - warmup)
-        if name == LevelName.CAPACITY and plan.objective == Objective.GOODPUT:  # only the rate search's upper bound
-            n = min(n, 3 * plan.levels.min_requests)
-        per_s = requests_per_s(plan, rate)
-        now, end = self.clock.time(), self.end()
-        if math.isfinite(rate) and self.budget is not None:
-            least = min(n, self.least(per_s))
-            decided = not decisive and any(lv.verdict != Decision.UNDECIDED and math.isfinite(lv.rate)
-                                           for lv in self.levels)
-            sized = self.budget.requests(now, end, per_s, n, least, self.drain_s(), decided=decided)
-            if isinstance(sized, str):
-                self.cut = (f"time limit: a {name} level at {rate:.2f} {plan.workload.rate_unit} needs {least} "
-                            f"requests (~{duration(least / per_s)}), {sized}")
-                self.needed_s = least / per_s + self.drain_s()
-                return None
-            n = sized
-        elif now >= end:
-            self.cut, self.needed_s = f"time limit: no time left for the {name} level", CAPACITY_S
+        requests = self.pool(index)
+        if not math.isfinite(rate):
+            return self._capacity(requests, warmup, seed)
+        per_s = requests_per_s(self.plan, rate)
+        e2e = self.latency()
+        sized = self._window_requests(name, rate, per_s, e2e, decisive)
+        if sized is None:
             return None
+        window_s, longest_s = sized[0] / per_s, sized[1] / per_s
+        pool_s = (len(requests) - warmup) / per_s - (1 + TAIL_SPARE) * e2e.p99_s  # what the pool holds
+        longest_s = longest_s if min(longest_s, pool_s) >= 2 * window_s else window_s
+        scheduled = min(len(requests) - warmup, math.ceil(per_s * (longest_s + (1 + TAIL_SPARE) * e2e.p99_s)))
+        timed = requests[warmup: warmup + scheduled]
+        due = due_times(timed, 0 if not self.plan.workload.sessions else len({r.session for r in timed}),
+                        rate, self.plan.workload.burstiness, seed)[0]
+        if self.plan.workload.sessions:  # turns are due with their session: the window counts whole sessions
+            due = _turns_due(timed, due)
         deadline = self.budget.deadline if self.budget is not None else None
-        box = CAPACITY_S if name == LevelName.CAPACITY and plan.objective == Objective.GOODPUT else None
         for attempt in range(2):  # a level the client could not send on time is sent once more
-            self.hooks.level_started(name, rate, n + warmup)
-            test = (LevelTest(plan.slo, first=min(plan.levels.min_requests, n), cap=n, first_index=warmup,
-                              confidence=plan.levels.confidence)
-                    if plan.slo and math.isfinite(rate) else None)
-            saturated = saturation_check(plan.slo, per_s, n, self.clock) if math.isfinite(rate) else None
-            stop = LevelStop(test, saturated, deadline, box, self.clock)
-            shape = LoadShape(request_rate=rate, burstiness=plan.workload.burstiness,
-                              max_concurrency=plan.workload.max_concurrency, warmup_requests=warmup, seed=seed,
-                              request_timeout_s=plan.levels.request_timeout_s)
-            result = self.server.level(requests[: n + warmup], shape, self.hooks.record, stop)
+            self.hooks.level_started(name, rate, scheduled + warmup)
+            test = (LevelTest(self.plan.slo, first=min(self.plan.levels.min_requests, sized[0]), due_ns=due,
+                              window_ns=int(window_s * 1e9), fill_ns=int(e2e.p99_s * 1e9), first_index=warmup,
+                              confidence=self.plan.levels.confidence, longest_ns=int(longest_s * 1e9))
+                    if self.plan.slo else None)
+            saturated = saturation_check(self.plan.slo, per_s, scheduled / per_s, self.clock)
+            stop = LevelStop(test, saturated, deadline, clock=self.clock)
+            result = self._send(requests[: warmup + scheduled], rate, warmup, seed, stop)
             if not result.metrics.client_lagging or stop.why == "time limit":
                 break
+        window = None
+        if test is not None and test.fill_end_ns is not None:
+            start = result.load.start_ns + test.fill_end_ns
+            window = Window(start, start + (test.longest_ns if test.extended else int(window_s * 1e9)))
+        return self._keep(name, rate, seed, result, stop, window, attempt + 1)
+
+    def _window_requests(self, name: LevelName, rate: float, per_s: float, e2e: Latency,
+                         decisive: bool) -> tuple[int, int] | None:
+        """The requests level `name` at `rate` counts in its window and in its window extended (`LevelTest`; as
+        many where it cannot be), as the budget affords them (`LevelBudget.requests`); None and `cut` set when it
+        leaves too few to decide."""
+        plan = self.plan
+        least = least_requests(plan, per_s)
+        near = not self.capacity or rate >= NEAR_CAPACITY * self.capacity  # where keeping up may decide the level
+        keep_up_s = keep_up_window_s(per_s, e2e.mean_s, plan.workload.burstiness) if near else 0.0
+        n = max(plan.levels.requests, least, math.ceil(per_s * min(KEEP_UP_WINDOW_MAX_S, keep_up_s)))
+        if self.budget is None:
+            return n, EXTEND * n
+        finite = [lv for lv in self.levels if math.isfinite(lv.rate)]
+        if self.budget.baseline:  # vLLM's defaults: every answer is measured against the rate they hold
+            decided = not decisive and any(lv.passed for lv in finite)
+        else:
+            decided = not decisive and any(lv.verdict != Decision.UNDECIDED for lv in finite)
+        now, end = self.clock.time(), self.end()
+        sized = self.budget.requests(now, end, per_s, n, least, e2e.overhead_s, decided=decided)
+        if isinstance(sized, str):
+            self.cut = (f"time limit: a {name} level at {rate:.2f} {plan.workload.rate_unit} needs {least} "
+                        f"requests (~{duration(least / per_s + e2e.overhead_s)}), {sized}")
+            self.needed_s = least / per_s + e2e.overhead_s
+            return None
+        longest = self.budget.requests(now, end, per_s, EXTEND * sized, least, e2e.overhead_s, decided=decided)
+        return sized, longest if isinstance(longest, int) else sized
+
+    def _capacity(self, requests: list[RequestSpec], warmup: int, seed: int) -> LevelOutcome | None:
+        """The capacity level: a closed loop of CAPACITY_CONCURRENCY requests in flight (`capacity`)."""
+        if self.budget is not None and self.clock.time() >= self.end():
+            self.cut, self.needed_s = "time limit: no time left for the capacity level", CAPACITY_S
+            return None
+        seqs = int(self.server.engine_args.get("max_num_seqs") or CAPACITY_CONCURRENCY)
+        concurrency = max(1, min(seqs, (len(requests) - warmup) // 2))
+        box = CapacityBox(max(1, min(CAPACITY_OPENS, concurrency // 4)))
+        self.hooks.level_started(LevelName.CAPACITY, math.inf, len(requests))
+        stop = LevelStop(None, None, self.budget.deadline if self.budget is not None else None, box, self.clock)
+        result = self._send(requests, math.inf, warmup, seed, stop, concurrency)
+        timed = [r for r in result.load.records if not r.warmup]
+        decode = [(e2el_ms(r) - ttft_ms(r)) / 1000 for r in timed if r.ok and r.chunk_ns]
+        if decode:
+            self.full_batch = Latency(p99_s=float(np.percentile(decode, 99)), mean_s=float(np.mean(decode)))
+        mean_output = statistics.mean(r.output_len for r in requests) if requests else 0.0
+        per_s = capacity(timed, box.opened_ns, mean_output)
+        if per_s is not None:
+            self.capacity = per_s / requests_per_s(self.plan, 1.0)
+        elif result.metrics.completed:  # the window never opened: what it completed, at the least
+            self.capacity = result.metrics.request_throughput / requests_per_s(self.plan, 1.0)
+        return self._keep(LevelName.CAPACITY, math.inf, seed, result, stop, None, 1)
+
+    def _send(self, requests: list[RequestSpec], rate: float, warmup: int, seed: int, stop: LevelStop,
+              concurrency: int | None = None):
+        shape = LoadShape(request_rate=rate, burstiness=self.plan.workload.burstiness,
+                          max_concurrency=concurrency or self.plan.workload.max_concurrency, warmup_requests=warmup,
+                          seed=seed, request_timeout_s=self.plan.levels.request_timeout_s)
+        return self.server.level(requests, shape, self.hooks.record, stop)
+
+    def _keep(self, name: LevelName, rate: float, seed: int, result, stop: LevelStop, window: Window | None,
+              attempts: int) -> LevelOutcome:
+        """Save the level's records, decide it and keep its outcome."""
         if stop.why == "time limit":
-            self.cut = f"time limit: the {name} level at {rate:.2f} {plan.workload.rate_unit} was stopped at the deadline"
-        if name == LevelName.CAPACITY and result.metrics.completed:  # held to CAPACITY_S: its completion rate
-            boxed = completion_rate(result.load.records) if stop.why == "measured" else None
-            self.capacity = max(result.metrics.request_throughput, boxed or 0.0) / requests_per_s(plan, 1.0)
-        records = self.out_dir / f"level-{index:02d}.records.jsonl"
+            self.cut = (f"time limit: the {name} level at {rate:.2f} {self.plan.workload.rate_unit} was stopped at "
+                        "the deadline")
+        if window is not None:
+            result.metrics = summarize(result.load, window=window)
+        records = self.out_dir / f"level-{len(self.levels):02d}.records.jsonl"
         result.load.save(records)
-        self.levels.append(_level_outcome(name, rate, seed, result, stop, plan.slo, records.name, attempt + 1))
+        if stop.test is not None:
+            stop.test.finish()
+        tests = list(stop.test.tests.values()) if stop.test is not None else None
+        below = bool(self.capacity) and rate <= NEAR_CAPACITY * self.capacity  # the capacity shows it keeps up
+        verdict = level_verdict(result.metrics, self.plan.slo, tests, stop.why, below)
+        self.levels.append(LevelOutcome(
+            name=name, rate=rate, seed=seed, verdict=verdict.decision, passed=verdict.decision == Decision.PASS,
+            reasons=verdict.reasons, tests=verdict.tests, stopped=stop.why, metrics=result.metrics,
+            server=result.server, records=records.name, rejected=verdict.rejected, attempts=attempts))
         return self.levels[-1]
 
 
-def _level_outcome(name: LevelName, rate: float, seed: int, result, stop: LevelStop, slo: dict[str, float],
-                   records: str, attempts: int) -> LevelOutcome:
-    """A measured level with its verdict (`level_verdict`), its SLOs' tests finished first."""
-    if stop.test is not None:
-        stop.test.finish()
-    tests = list(stop.test.tests.values()) if stop.test is not None else None
-    verdict = level_verdict(result.metrics, slo, tests, stop.why)
-    return LevelOutcome(name=name, rate=rate, seed=seed, verdict=verdict.decision,
-                        passed=verdict.decision == Decision.PASS, reasons=verdict.reasons, tests=verdict.tests,
-                        stopped=stop.why, metrics=result.metrics, server=result.server, records=records,
-                        rejected=verdict.rejected, attempts=attempts)
+def _turns_due(timed: list[RequestSpec], session_due: list[int]) -> list[int]:
+    """Each turn's due time: its session's start (sessions in order of their first turn)."""
+    order = {session: k for k, session in enumerate(dict.fromkeys(r.session for r in timed))}
+    return [session_due[order[r.session]] for r in timed]
+
+
+def margin(level: LevelOutcome, slo: dict[str, float], capacity: float | None) -> float | None:
+    """How far a level is from its limit, the largest of: each SLO's log(p99 / bound), and log(rate / what the
+    server sustains): its completions where it fell behind, else (a level that did not pass) the capacity.
+    Negative: room; None: unknown."""
+    m = level.metrics
+    if not m.completed:
+        return None
+    margins = [math.log(p99 / bound) for name, bound in slo.items() if (p99 := latency(name).p99(m)) > 0]
+    below = bool(capacity) and level.rate <= NEAR_CAPACITY * capacity
+    if level_fell_behind(m, below):
+        margins.append(-math.log(max(m.keep_up_ratio or 0.0, 1e-3)))
+    elif capacity and not level.passed:  # a pass above the capacity shows the capacity measured low
+        margins.append(math.log(level.rate / capacity))
+    return max(margins, default=None)
 
 
 def early_narrow_fail(level: LevelOutcome) -> bool:
@@ -414,22 +580,21 @@ def failed_far(level: LevelOutcome) -> bool:
 class Headline:
     """A search trial's headline figures (`_headline`); all None where no search ran (a head-to-head's trial)."""
 
-    request_throughput: float | None = None  # at the capacity level (None: not measured)
+    request_throughput: float | None = None  # the capacity (None: not measured)
     goodput_rate: float | None = None  # the highest rate that passed (None: none did, or no rate search)
-    goodput_bracket: tuple[float, float] | None = None
+    goodput_bracket: tuple[float, float | None] | None = None
     p99_ttft_ms: float | None = None  # at the `headline_level`
     p99_tpot_ms: float | None = None
     preemptions: float | None = None  # in all levels
     rejected_requests: int | None = None
 
 
-def _headline(levels: list[LevelOutcome], search: RateSearch | None) -> Headline:
-    """A search trial's headline figures: capacity, the goodput rate and its bracket (goodput objective), the p99s
-    at its `headline_level`, preemptions and rejected requests in all."""
-    capacity = next((lv for lv in levels if lv.name == LevelName.CAPACITY and lv.metrics.completed), None)
+def _headline(levels: list[LevelOutcome], search: RateSearch | None, capacity: float | None) -> Headline:
+    """A search trial's headline figures: capacity (req/s at full load), the goodput rate and its bracket (goodput
+    objective), the p99s at its `headline_level`, preemptions and rejected requests in all."""
     headline = headline_level(levels)
     return Headline(
-        request_throughput=capacity.metrics.request_throughput if capacity else None,
+        request_throughput=capacity,
         goodput_rate=search.goodput_rate if search is not None else None,
         goodput_bracket=search.bracket if search is not None else None,
         p99_ttft_ms=headline.metrics.p99_ttft_ms if headline else None,

@@ -31,12 +31,13 @@ from servetune.search.strategies import REGISTRY, Strategy, make_strategy, sugge
 from servetune.study.outcome import TrialOutcome
 from servetune.study.record import (Progress, RecordedTrial, Reference, Role, StudyMeta, StudyRecord, TrialRecord,
                                     TuneState, read_trial, write_trial)
-from servetune.study.results import Results, Summary, TrialRow, beats, trial_row
+from servetune.study.results import Results, Summary, TrialRow, beats, not_passed, trial_row
 from servetune.study.storage import (StudyLock, check_resumable, check_storage, default_storage, open_study,
                                      stored_meta, trial_dir)
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
 from servetune.trial.hooks import Hooks
-from servetune.trial.run import DRAIN_GUESS_S, LevelOptions, Race, TrialPlan, least_requests, requests_per_s
+from servetune.trial.run import (MIN_WINDOW_S, Latency, LevelOptions, Race, TrialPlan, least_requests, level_seconds,
+                                 requests_per_s)
 from servetune.tuner.confirm import (candidates_of, decide, deciding_level, failed_at_or_below, head_to_head_job,
                                      run_head_to_head)
 from servetune.tuner.dispatch import Dispatch, Finished
@@ -162,9 +163,7 @@ def _prepare(opts: TuneOptions, build: Callable[..., list[RequestSpec]]) -> tupl
     if check_storage(storage, opts.resume):
         check_resumable(storage, stored_meta(storage), opts.defining())
     tokenizer = load_tokenizer(opts.tokenizer or opts.model)
-    count = opts.levels.requests + opts.levels.warmup_requests
-    sets = [build(opts.workload, tokenizer, seed=opts.workload.seed + 1000 * k, count=count)
-            for k in range(opts.levels.max_levels + 2)]
+    sets = [build(opts.workload, tokenizer, seed=opts.workload.seed + 1000, count=opts.levels.pool)]
     return tokenizer, sets, _model_len(opts, sets, tokenizer)
 
 
@@ -492,7 +491,7 @@ class Tuner:
             self.not_done.append(f"the head-to-head with the defaults (~{duration(need)}): the time limit came first")
             return None
         level_set = self.runtime.build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
-                                                count=plan.levels.requests + plan.levels.warmup_requests)
+                                                count=plan.levels.pool)
         job = head_to_head_job(default, pick.goodput_rate, plan, level_set, opts.out,
                                self.clock.budget(reserve_s=0.0, keep=None, next_trial_s=0.0, after=0,
                                                  baseline=True))
@@ -526,22 +525,22 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     per_s = requests_per_s(plan, 1.0)
     incumbent = max((t for t in measured if t.outcome.goodput_rate), key=lambda t: t.outcome.goodput_rate,
                     default=None)
-    drain = _drain_s(incumbent.outcome) if incumbent else DRAIN_GUESS_S
+    e2e = _latency(incumbent.outcome) if incumbent else Latency()
     capacities = [lv.metrics.duration for t in measured for lv in t.outcome.levels if lv.name == "capacity"]
     first = statistics.median(capacities) if capacities else GUESS_CAPACITY_S  # every trial's first level
     if incumbent is not None and plan.objective == Objective.GOODPUT:
         rate = incumbent.outcome.goodput_rate
         race = Race(rate, (incumbent.outcome.goodput_bracket or (rate, None))[1])
-        first += least_requests(plan, rate * per_s, drain) / (rate * per_s) + drain
+        first += level_seconds(plan, rate * per_s, e2e)
     else:
         race = None
-    cost = Keep(low=0.0, high=math.inf, launch_s=clock.launch_s(), requests=least_requests(plan, 0.0, 0.0),
-                drain_s=drain)
+    cost = Keep(low=0.0, high=math.inf, launch_s=clock.launch_s(), requests=least_requests(plan, 0.0),
+                drain_s=e2e.overhead_s, min_window_s=MIN_WINDOW_S)
     nxt = NextTrial(race, first, cost, per_s)
     default = next((t for t in measured if t.record.role == Role.DEFAULT), None)
     if not confirm or plan.objective != Objective.GOODPUT or default is None:
         return nxt
-    low = (default.outcome.goodput_bracket or (0.0, 0.0))[1] if default.outcome.goodput_rate else 0.0
+    low = not_passed(trial_row(default, plan.slo)) if default.outcome.goodput_rate else 0.0
     high = min((lv.rate for lv in default.outcome.levels if lv.verdict == Decision.FAIL and math.isfinite(lv.rate)),
                default=math.inf)
     keep = replace(cost, low=low, high=high)
@@ -555,10 +554,10 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     return replace(nxt, reserve_s=nxt.head_to_head_s(pick.outcome.goodput_rate), keep=keep)
 
 
-def _drain_s(outcome: TrialOutcome) -> float:
-    """The p90 end-to-end latency (s) at a trial's goodput rate."""
+def _latency(outcome: TrialOutcome) -> Latency:
+    """What requests take end to end at a trial's goodput rate (`trial.run.Latency`)."""
     level = deciding_level(outcome, outcome.goodput_rate)
-    return level.metrics.p90_e2el_ms / 1000 if level is not None else DRAIN_GUESS_S
+    return Latency() if level is None else Latency.of(level)
 
 
 def _launches(record: StudyRecord) -> list[tuple[dict, int]]:

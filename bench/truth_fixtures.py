@@ -1,0 +1,64 @@
+"""The test fixture of real long-reply levels (tests/test_truth_fixtures.py) from a `bench/goodput_truth.sh` run: the
+tune's capacity level (a closed loop, every token's time), vLLM's client's levels at the rates it measured (each
+request's send, first token, end and reply length) and what `bench/goodput_truth.py` found there. Times are
+microseconds from the level's first send; a capacity level's token times are the gaps between them, in 100 us.
+
+usage: .venv/bin/python bench/truth_fixtures.py TRUTH_DIR OUT.json.gz
+"""
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+from goodput_truth import records_of
+
+from servetune.loadgen.records import RequestRecord
+
+
+def timed(path: Path) -> list[RequestRecord]:
+    """A records file's timed requests (its first line is the level's header)."""
+    lines = path.read_text().splitlines()[1:]
+    records = [RequestRecord(**{k: v for k, v in json.loads(line).items() if k in RequestRecord.__dataclass_fields__})
+               for line in lines]
+    return [r for r in records if not r.warmup]
+
+
+def with_tokens(records: list[RequestRecord]) -> dict:
+    """Records with every token's time: [send, [gaps from the send, 100 us], end, error] in us from the first send."""
+    t0 = min(r.start_ns for r in records)
+    rows = []
+    for r in records:
+        stamps = [r.start_ns, *r.chunk_ns]
+        gaps = [round((b - a) / 1e5) for a, b in zip(stamps, stamps[1:])]
+        rows.append([round((r.start_ns - t0) / 1e3), gaps, round((r.end_ns - t0) / 1e3), r.error])
+    return {"records": rows, "mean_output": sum(r.expected_output_len for r in records) / len(records)}
+
+
+def client_level(path: Path) -> list[list]:
+    """vLLM's client's detailed results (`goodput_truth.records_of`): [send, first token, end, output tokens] in us
+    from the first send."""
+    records = records_of(json.loads(path.read_text()))
+    t0 = min(r.start_ns for r in records)
+    return [[round((r.start_ns - t0) / 1e3), round((r.chunk_ns[0] - t0) / 1e3), round((r.end_ns - t0) / 1e3),
+             r.output_tokens] for r in records]
+
+
+def main() -> None:
+    truth_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    truth = json.loads((truth_dir / "truth" / "truth.json").read_text())
+    capacity = timed(next((truth_dir / "tune" / "trials" / "0000").glob("level-00.records.jsonl")))
+    fixture = {
+        "source": f"{truth_dir} ({truth['command']})",
+        "slo": truth["slo"], "truth": truth["truth"],
+        "rows": [{k: row.get(k) for k in ("rate", "held", "p99", "keep_up_ratio", "window_s")} for row in truth["rows"]],
+        "capacity_level": with_tokens(capacity),
+        "levels": {f"{row['rate']:.3f}": client_level(truth_dir / "truth" / f"rate-{row['rate']:.3f}.vllm-bench.json")
+                   for row in truth["rows"]},
+    }
+    out.write_bytes(gzip.compress(json.dumps(fixture, separators=(",", ":")).encode(), mtime=0))
+    print(f"{out}: {out.stat().st_size} bytes")
+
+
+if __name__ == "__main__":
+    main()
