@@ -177,7 +177,8 @@ class TuneArgs(_Args):
                                                help=TOKENIZER_HELP)] = None
     level_requests: Annotated[int, Option(
         min=1, metavar="N", rich_help_panel=LEVELS_PANEL,
-        help="Most requests a load level sends: a level stops as soon as its verdict is decided.")] = 600
+        help="Requests a load level's steady window aims to count; it also sends a fill and a tail, and stops "
+             "as soon as its verdict is decided.")] = 600
     min_level_requests: Annotated[int, Option(min=1, metavar="N", rich_help_panel=LEVELS_PANEL,
                                               help="Fewest requests a level's verdict rests on.")] = 40
     max_levels: Annotated[int, Option(min=0, metavar="N", rich_help_panel=LEVELS_PANEL,
