@@ -6,19 +6,10 @@
 # tune's rate is within -15% / +5% of the rate vLLM's client sustains. With RATE set, no tune: that rate is the one
 # held against vLLM's client (a tune's, measured before).
 # usage: [RATE=R] truth.sh NAME WORKLOAD SLO... ; results under /root/res/NAME, `done` marks the end. Poll with poll.sh.
-set -u
-name=$1 workload=$2; shift 2
-res=/root/res/$name; mkdir -p "$res"
-export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1 COLUMNS=160
-slos=(); for s in "$@"; do slos+=(--slo "$s"); done
-date +%s > "$res/t0"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$res/gpu.txt" 2>&1
+source "$(dirname "$0")/common.sh" "$@"
 rate=${RATE:-}
 if [ -z "$rate" ]; then
-  python3 -m servetune tune --model "$SERVETUNE_GPU_MODEL" --workload "$workload" "${slos[@]}" --strategy optuna \
-    --budget "${BUDGET:-3}" --engine-arg load-format=dummy --time-limit "${TIME_LIMIT:-15m}" --out "$res/tune" \
-    > "$res/tune.log" 2>&1
-  echo "tune rc=$?" >> "$res/tune.log"
+  tune "${BUDGET:-3}" "${TIME_LIMIT:-15m}"
   rate=$(python3 -c "import json; print(json.load(open('$res/tune/summary.json'))['default']['goodput_rate'] or '')")
 fi
 date +%s > "$res/t1"
