@@ -28,7 +28,7 @@ from servetune.engine import Engine
 from servetune.loadgen.records import RequestRecord
 from servetune.measure.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
 from servetune.measure.slo import parse_slo
-from servetune.measure.steady import KEEP_UP_FRACTION, Window, keep_up
+from servetune.measure.steady import KEEP_UP_FRACTION, keep_up, sent_to_the_end
 from servetune.options import read_config_yaml
 from servetune.trial.server import reset_prefix_cache
 from servetune.verify import (VLLM_CLIENT_START_S, VerifyPlan, run_vllm_bench, vllm_bench_argv, write_dataset)
@@ -55,19 +55,9 @@ def records_of(result: dict) -> list[RequestRecord]:
     return out
 
 
-def steady(records: list[RequestRecord]) -> Window:
-    """The level's steady part: from its first send plus the p99 latency of its requests (by then the requests in
-    flight have reached their steady number: a batch still growing serves its first long replies fast), to its last
-    send less the same (vLLM's client sends nothing more then: the server drains)."""
-    sent = sorted(records, key=lambda r: r.start_ns)
-    fill = int(np.percentile([e2el_ms(r) for r in sent], 99) * 1e6)
-    start, end = sent[0].start_ns + fill, sent[-1].start_ns - fill
-    return Window(start, max(start, end))
-
-
 def judge_level(records: list[RequestRecord], slo: dict[str, float], failed: int) -> dict:
     """One level's row: each SLO's p99 over the requests sent in the steady part, the keep-up ratio over it."""
-    window = steady(records)
+    window = sent_to_the_end(records)
     counted = [r for r in records if window.start_ns <= r.start_ns < window.end_ns]
     p99 = {}
     for name in slo:

@@ -14,7 +14,7 @@ import pytest
 
 from servetune.loadgen.records import RequestRecord
 from servetune.measure.metrics import tpot_ms, ttft_ms
-from servetune.measure.steady import Window, fell_behind, keep_up, keeping_up_unshown
+from servetune.measure.steady import fell_behind, keep_up, keeping_up_unshown, sent_to_the_end
 from servetune.trial.run import CAPACITY_OPENS, capacity
 
 FIXTURE = Path(__file__).parent / "fixtures" / "truth-longreply-cpu.json.gz"
@@ -46,13 +46,6 @@ def client_level(rows: list) -> list[RequestRecord]:
             for i, (s, f, e, n) in enumerate(rows)]
 
 
-def steady(records: list[RequestRecord]) -> Window:
-    """The level's steady window as `bench/goodput_truth.py` takes it: the p99 latency in from each end."""
-    starts = sorted(r.start_ns for r in records)
-    fill = int(np.percentile([r.end_ns - r.start_ns for r in records], 99))
-    return Window(starts[0] + fill, max(starts[0] + fill, starts[-1] - fill))
-
-
 def test_a_closed_loop_measures_near_the_rate_the_server_sustains(truth):
     level = truth["capacity_level"]
     records = with_tokens(level["records"])
@@ -64,7 +57,7 @@ def test_a_closed_loop_measures_near_the_rate_the_server_sustains(truth):
 def test_the_level_vllms_client_held_keeps_up_and_holds_the_slos(truth):
     held = f"{truth['truth']['held']:.3f}"
     records = client_level(truth["levels"][held])
-    window = steady(records)
+    window = sent_to_the_end(records)
     kept = keep_up(records, window)
     assert fell_behind(kept.ratio, kept.se, kept.late_ratio) is None
     assert keeping_up_unshown(kept.ratio, kept.se) is None
@@ -76,7 +69,7 @@ def test_the_level_vllms_client_held_keeps_up_and_holds_the_slos(truth):
 def test_the_level_vllms_client_did_not_hold_falls_behind(truth):
     not_held = f"{truth['truth']['not_held']:.3f}"
     records = client_level(truth["levels"][not_held])
-    kept = keep_up(records, steady(records))
+    kept = keep_up(records, sent_to_the_end(records))
     assert fell_behind(kept.ratio, kept.se, kept.late_ratio) is not None, kept
 
 
@@ -96,9 +89,9 @@ def db0a64b_keeping_up(records: list[RequestRecord]) -> bool:
 
 def test_on_the_h200_the_held_level_keeps_up_and_the_other_does_not_show_it():
     held, not_held = h200_level("11.267"), h200_level("13.953")
-    kept = keep_up(held, steady(held))
+    kept = keep_up(held, sent_to_the_end(held))
     assert fell_behind(kept.ratio, kept.se, kept.late_ratio) is None
     assert keeping_up_unshown(kept.ratio, kept.se) is None
-    kept = keep_up(not_held, steady(not_held))
+    kept = keep_up(not_held, sent_to_the_end(not_held))
     assert keeping_up_unshown(kept.ratio, kept.se) is not None, kept
     assert db0a64b_keeping_up(not_held)  # where the test before issue 36 passed it

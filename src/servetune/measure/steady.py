@@ -40,6 +40,16 @@ class Window:
         return (self.end_ns - self.start_ns) / _NS
 
 
+def sent_to_the_end(records: Sequence[RequestRecord]) -> Window:
+    """The steady part of a level an outside client (vLLM's `vllm bench serve`) sent to its end: from its first send
+    plus the p99 end-to-end latency of its requests (by then the requests in flight have reached their steady
+    number: a batch still growing serves its first long replies fast), to its last send less the same (the client
+    sends nothing more then: the server drains)."""
+    starts = sorted(r.start_ns for r in records)
+    fill = int(np.percentile([r.chunk_ns[-1] - r.start_ns for r in records], 99))
+    return Window(starts[0] + fill, max(starts[0] + fill, starts[-1] - fill))
+
+
 def in_flight(records: Sequence[RequestRecord], times_ns: np.ndarray) -> np.ndarray:
     """N(t): requests sent at or before each t and not ended by it (a cancelled one ends when it was cancelled)."""
     sent = np.sort([r.start_ns for r in records])
