@@ -13,15 +13,12 @@ from pathlib import Path
 
 from goodput_truth import records_of
 
-from servetune.loadgen.records import RequestRecord
+from servetune.loadgen.records import LoadResult, RequestRecord
 
 
 def timed(path: Path) -> list[RequestRecord]:
-    """A records file's timed requests (its first line is the level's header)."""
-    lines = path.read_text().splitlines()[1:]
-    records = [RequestRecord(**{k: v for k, v in json.loads(line).items() if k in RequestRecord.__dataclass_fields__})
-               for line in lines]
-    return [r for r in records if not r.warmup]
+    """A records file's timed requests."""
+    return [r for r in LoadResult.load(path).records if not r.warmup]
 
 
 def with_tokens(records: list[RequestRecord]) -> dict:
