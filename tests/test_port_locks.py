@@ -150,3 +150,19 @@ def test_a_servers_compile_cache_lies_in_this_users_own_directory(tmp_path, shar
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and cache.stat().st_uid == os.geteuid()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert launcher.Engine("m", {}, tmp_path / "server.log").env()["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_importing_torch_leaves_no_compile_cache_in_the_temporary_directory(tiny_model, tmp_path):
+    """Importing torch (here for the tokenizer) makes TMPDIR/torchinductor_USER and points TORCHINDUCTOR_CACHE_DIR at
+    it; a launch from that process took it for the user's choice, so a neighbour could read and plant the kernels the
+    server loads. servetune's process keeps the cache in this user's own directory before anything imports torch."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "XDG_RUNTIME_DIR")}
+    proc = subprocess.run([sys.executable, "-m", "servetune", "bench", "--base-url", "http://127.0.0.1:9", "--model",
+                           str(tiny_model), "--input-len", "8", "--output-len", "4", "--num-prompts", "2", "--json",
+                           str(tmp_path / "o.json")], capture_output=True, text=True, env=env | {"TMPDIR": str(shared)},
+                          timeout=120)
+    assert "cannot reach an OpenAI-compatible server" in proc.stderr  # past the tokenizer
+    assert sorted(p.name for p in shared.iterdir()) == [f"servetune-{os.geteuid()}"]
+    assert sorted(p.name for p in (shared / f"servetune-{os.geteuid()}").iterdir()) == ["torchinductor"]

@@ -1,8 +1,10 @@
 """The `servetune` command line: bench, tune, report, memory, model, demo, verify. It parses (each command's options
 are a model in `servetune.options`), runs what the command runs, and prints (`servetune.console`)."""
 
+import contextlib
 import inspect
 import json
+import os
 import sys
 import typing
 from collections.abc import Callable, Iterator
@@ -64,6 +66,7 @@ app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_
 model_app = typer.Typer(cls=Group, no_args_is_help=True, help="Models servetune can write itself.")
 app.add_typer(model_app, name="model")
 
+
 Args = TypeVar("Args", bound=BaseModel)
 
 
@@ -116,6 +119,17 @@ def one_line_errors() -> Iterator[None]:
         yield
     except ServetuneError as e:
         fail(str(e))
+
+
+@app.callback()
+def _before_any_command() -> None:
+    """torch's compile cache in this user's own directory, in this process and every one it starts, unless the user
+    chose one: importing torch (the tokenizer, the probe of an environment) otherwise makes TMPDIR/torchinductor_USER
+    and sets the variable to it, and a launch would take that for the user's choice."""
+    from servetune.engine.launcher import compile_cache
+
+    with one_line_errors(), contextlib.suppress(OSError):  # no temporary directory to write: said where one is needed
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache()
 
 
 def interrupted(e: KeyboardInterrupt, what: str = "") -> typing.NoReturn:

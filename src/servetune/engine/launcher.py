@@ -115,10 +115,10 @@ class Engine:
         """The server's environment: this one's, vLLM's settings, `extra_env`, the access middleware's directory and
         secret, and its own temporary directory, `scratch` (which nothing overrides): vLLM's file store
         (vllm_dist_*) and IPC sockets go there, and with it once the server stops; torch's compile cache is shared
-        by every launch (`_compile_cache`)."""
+        by every launch (`compile_cache`)."""
         env = dict(os.environ)
         env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                    "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": _compile_cache()})
+                    "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": compile_cache()})
         if self.vllm.on_cpu:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
         env.update(self.extra_env)
@@ -226,7 +226,7 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
     proc.wait()
 
 
-def _compile_cache() -> str:
+def compile_cache() -> str:
     """torch's compile cache: the user's TORCHINDUCTOR_CACHE_DIR, else this user's own directory
     (`servetune.private`), shared by every launch. Not torch's default, TMPDIR/torchinductor_USER: a neighbour can
     take that name first (or swap it, in a TMPDIR of theirs), read what it holds and plant kernels the server
