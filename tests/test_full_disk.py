@@ -209,6 +209,43 @@ def test_a_disk_that_fills_during_a_trial_is_one_line_and_summary_json_says_what
                                    "then runs again on --resume"]
 
 
+class RecordsFillTheDisk(StandIn):
+    """The second trial's level records fill the disk, as a real level's do: written until ENOSPC."""
+
+    def submit(self, job):
+        if len(self.jobs) == 1:
+            self.jobs.append(job)
+            records = job.out_dir / "level-00.records.jsonl"
+            records.parent.mkdir(parents=True, exist_ok=True)
+            with open(records, "wb") as f:
+                try:
+                    while True:
+                        f.write(b'{"sent": 0.0}\n' * 4096)
+                        f.flush()
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, str(records)) from None
+        return super().submit(job)
+
+
+def test_a_disk_that_fills_during_a_trial_still_gets_summary_json_saying_so(tiny_model, full_disk, tmp_path,
+                                                                           monkeypatch, capsys):
+    """The records that filled the disk are a level the trial runs again on --resume: they give their room back, so
+    summary.json can say the tune stopped (it stayed `running` when the disk was left full)."""
+    free(full_disk, 160)
+    out = full_disk / "out"
+    monkeypatch.setattr("servetune.tuner.loop.make_executor", lambda *args: RecordsFillTheDisk({0: 5.0}, out))
+    monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
+    with pytest.raises(typer.Exit) as stop:
+        cli._tune_guarded(options(tiny_model, out, f"sqlite:///{tmp_path / 'study.db'}", budget=2))
+    assert stop.value.exit_code == 1
+    records = out / "trials" / "0001" / "level-00.records.jsonl"
+    assert f"error: the tune stopped: cannot write {records}" in " ".join(capsys.readouterr().err.split())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["state"] == "interrupted" and summary["trials"] == 1
+    assert summary["not_done"][0].startswith(f"stopped: cannot write {records} (No space left on device)")
+    assert not records.exists()
+
+
 def test_records_that_go_to_the_temporary_directory_are_the_users_alone_and_named_in_the_json(fake, tiny_model,
                                                                                                tmp_path, monkeypatch):
     """Issue 37, also seen: bench's fallback records went to /tmp/servetune-PID-*.records.jsonl at 0644 (another
