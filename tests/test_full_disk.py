@@ -21,7 +21,7 @@ from test_study_lock import options
 from test_tune_stops import StandIn
 from servetune import cli
 from servetune.measure.benchrun import BenchOptions, run_bench
-from servetune.study.storage import STUDY_NAME, default_storage
+from servetune.study.storage import STUDY_NAME, StudyLock, default_storage
 from servetune.workload import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,9 +229,9 @@ class RecordsFillTheDisk(StandIn):
 
 def test_a_disk_that_fills_during_a_trial_still_gets_summary_json_saying_so(tiny_model, full_disk, tmp_path,
                                                                            monkeypatch, capsys):
-    """The records that filled the disk are a level the trial runs again on --resume: they give their room back, so
-    summary.json can say the tune stopped (it stayed `running` when the disk was left full)."""
-    free(full_disk, 160)
+    """The output directory's lock file holds room for the outputs, given back when the disk fills: summary.json
+    says the tune stopped (it stayed `running` when the disk was left full), and the records are kept as written."""
+    free(full_disk, 160 + StudyLock.ROOM // 1024)
     out = full_disk / "out"
     monkeypatch.setattr("servetune.tuner.loop.make_executor", lambda *args: RecordsFillTheDisk({0: 5.0}, out))
     monkeypatch.setattr("servetune.interrupt.handle_signals", lambda: None)  # pytest keeps its own
@@ -242,8 +242,9 @@ def test_a_disk_that_fills_during_a_trial_still_gets_summary_json_saying_so(tiny
     assert f"error: the tune stopped: cannot write {records}" in " ".join(capsys.readouterr().err.split())
     summary = json.loads((out / "summary.json").read_text())
     assert summary["state"] == "interrupted" and summary["trials"] == 1
-    assert summary["not_done"][0].startswith(f"stopped: cannot write {records} (No space left on device)")
-    assert not records.exists()
+    assert summary["not_done"] == [f"stopped: cannot write {records} (No space left on device): the trial running "
+                                   "then runs again on --resume"]
+    assert records.stat().st_size > 0 and not (out / StudyLock.FILE).exists()
 
 
 def test_records_that_go_to_the_temporary_directory_are_the_users_alone_and_named_in_the_json(fake, tiny_model,

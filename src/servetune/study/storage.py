@@ -219,14 +219,17 @@ class StudyLock:
     directory (`servetune.private`: this host and user only); the output directory by `out/.servetune.lock`. A
     lock file is flocked (released when the process ends, however it ends, so a crash leaves no stale lock) and
     holds who took it. A second tuner gets StudyError naming the holder; a lock file that cannot be written (a full
-    disk) is removed and said in one line. `made_out`: the tuner made the output directory, which is removed on
-    release (a refusal included) if nothing was written into it."""
+    disk) is removed and said in one line. The output directory's lock file also holds ROOM bytes for the outputs,
+    given back (`give_room`) when the disk fills during the tune, for summary.json to say so. `made_out`: the tuner
+    made the output directory, which is removed on release (a refusal included) if nothing was written into it."""
 
     FILE = ".servetune.lock"
+    ROOM = 256 * 1024  # room kept for the outputs: a summary.json of a hundred trials
 
     def __init__(self, out: Path, storage: str, made_out: bool = False):
         self.out, self.storage, self.made_out = out, storage, made_out
         self.held: list[tuple[Path, int]] = []  # (lock file, its descriptor)
+        self.room: tuple[int, int] | None = None  # (the descriptor of the lock file holding ROOM, its holder's line)
         self.connection = None
 
     def acquire(self) -> "StudyLock":
@@ -235,7 +238,7 @@ class StudyLock:
             if (path := self._study_file()) is not None:
                 self._take(path, f"the study in {shown_url(self.storage)}", "then --resume")
             self._take(self.out / self.FILE, f"{self.out} (the output directory of another study)",
-                       "or use another --out")
+                       "or use another --out", room=self.ROOM)
             if storage_url(self.storage).get_backend_name() == "postgresql":
                 self._lock_server()
         except BaseException:
@@ -256,16 +259,16 @@ class StudyLock:
         with private_dir("study-locks") as locks:
             return locks.path / f"study-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
 
-    def _take(self, path: Path, what: str, then: str) -> None:
-        """Flock `path` (made if missing) and write who holds it; StudyError naming the holder if another
-        process holds it, or naming the error if the file cannot be written (it is removed). A symlink, a file
-        with other links or another user's is refused as it is (`_own_file`)."""
+    def _take(self, path: Path, what: str, then: str, room: int = 0) -> None:
+        """Flock `path` (made if missing) and write who holds it, then `room` bytes; StudyError naming the holder if
+        another process holds it, or naming the error if the file cannot be written (it is removed). A symlink, a
+        file with other links or another user's is refused as it is (`_own_file`)."""
         while True:
             fd = _own_file(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.read(fd, 4096).decode(errors="replace").strip()
+                holder = os.read(fd, 4096).decode(errors="replace").strip("\0").strip()
                 os.close(fd)
                 raise StudyError(f"{what} is being tuned by {holder or 'another servetune'}: wait for it to end, or "
                                  f"stop it (Ctrl-C), {then}") from None
@@ -281,6 +284,9 @@ class StudyLock:
             os.ftruncate(fd, 0)
             if os.write(fd, line) != len(line):
                 raise OSError(0, "short write")
+            if room:
+                os.posix_fallocate(fd, len(line), room)
+                self.room = fd, len(line)
         except OSError as e:
             raise StudyError(f"cannot write the lock file {path}: {e.strerror}: free some space there (or use "
                              "another --out/--study)") from None
@@ -310,6 +316,12 @@ class StudyLock:
             raise StudyError(f"the study in {shown_url(self.storage)} is being tuned by {who} (it holds the study's "
                              "lock on the database server): wait for it to end, or stop it (Ctrl-C), then --resume")
 
+    def give_room(self) -> None:
+        """The room the output directory's lock file holds, given back to the disk (its holder's line kept)."""
+        if self.room is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(*self.room)
+
     def release(self) -> None:
         if self.connection is not None:
             self.connection.close()
@@ -319,7 +331,7 @@ class StudyLock:
                 if os.path.samestat(os.fstat(fd), os.lstat(path)):
                     path.unlink()
             os.close(fd)  # the flock goes with it
-        self.held = []
+        self.held, self.room = [], None
         if self.made_out:
             with contextlib.suppress(OSError):  # not empty: the tune wrote its outputs there
                 self.out.rmdir()

@@ -4,8 +4,6 @@ defaults (`confirm`). Within a time limit (`timelimit`) it launches only what st
 and at every stop (the end, the time limit, an interrupt) the outputs are written again (`report`), with the
 tune's state, so a run stopped at any moment leaves its best answer."""
 
-import contextlib
-import errno
 import math
 import statistics
 import time
@@ -136,25 +134,15 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
             tuner.not_done.append("interrupted: continue with the same command and --resume"
                                   if isinstance(e, KeyboardInterrupt) else
                                   f"stopped: cannot write {e.filename} ({e.strerror}): the trial running then runs "
-                                  "again on --resume" + _room_given_back(e, opts.out))
+                                  "again on --resume")
+            if isinstance(e, OSError):
+                lock.give_room()
             tuner.publish(TuneState.INTERRUPTED)
         raise
     finally:
         if executor_made is not None:
             executor_made.close()
         lock.release()
-
-
-def _room_given_back(e: OSError, out: Path) -> str:
-    """A trial's file that filled the disk (its level's records, unfinished) removed, for the outputs to say the
-    tune stopped: the trial runs again on --resume, and writes it anew. What the note says of it."""
-    trials = (out / "trials").resolve()
-    if e.errno != errno.ENOSPC or not e.filename or not Path(e.filename).resolve().is_relative_to(trials):
-        return ""
-    with contextlib.suppress(OSError):
-        Path(e.filename).unlink()
-        return " (its unfinished records removed to make room for these outputs)"
-    return ""
 
 
 def _lock(opts: TuneOptions) -> StudyLock:
