@@ -826,8 +826,8 @@ def escaped(p: Probe) -> tuple[str, bool]:
 
 
 def tune_on_a_filling_disk(p: Probe) -> Probe:
-    """A one-trial tune with --out on the small disk (its study elsewhere); its summary.json noted before the disk
-    goes."""
+    """A one-trial tune with --out on the small disk (its study elsewhere: 160 KiB free beside the room the tune
+    keeps for its outputs); its summary.json noted before the disk goes."""
     ran = command(p, trial_tune(p, "--study", f"sqlite:///{p.tmp / 'study.db'}", out="disk/out"), timeout_s=900)
     ran.facts["summary"] = read_json(p.tmp / "disk" / "out" / "summary.json")
     return ran
@@ -1114,7 +1114,7 @@ CASES = [
     Case("a launch's files in the temporary directory", "none left (vllm_dist_*, IPC sockets)", tmpdir_left,
          run=launch_in_t, needs_vllm=True),
     Case("tune --out on a disk that fills during the trial (--study elsewhere)", "exit 1 in one line, summary.json "
-         "interrupted", disk_filled_tune, run=tune_on_a_filling_disk, files=TUNE_WORKLOAD, disk_kib=160,
+         "interrupted", disk_filled_tune, run=tune_on_a_filling_disk, files=TUNE_WORKLOAD, disk_kib=160 + 256,
          needs_vllm=True),
     Case("make test from a background job (SIGINT ignored): the SIGINT test of a launch", "passes", passed,
          lambda p: pytest("tests/test_engine_launch.py", "-k", "never_outlives_servetune"), ignore_sigint=True,
