@@ -11,8 +11,19 @@ from optuna.trial import TrialState
 import outcomes
 from servetune.errors import StudyError
 from servetune.measure.verdict import Decision, SloTest
-from servetune.study.record import (RECORD_VERSION, HeadToHead, LevelRecord, Progress, Reference, Role, StudyMeta,
-                                    StudyRecord, TrialRecord, read_trial, write_trial)
+from servetune.study.record import (
+    RECORD_VERSION,
+    HeadToHead,
+    LevelRecord,
+    Progress,
+    Reference,
+    Role,
+    StudyMeta,
+    StudyRecord,
+    TrialRecord,
+    read_trial,
+    write_trial,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "servetune"
 META = StudyMeta(model="/m", workload={"num_requests": 10}, slo={"tpot_p99_ms": 25.0}, objective="goodput",

@@ -3,12 +3,12 @@
 import math
 
 import optuna
-import outcomes
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from optuna.trial import TrialState
 
+import outcomes
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
 from servetune.measure.slo import parse_slo

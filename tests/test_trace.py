@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-from test_sessions import EchoServer
 
 from servetune.loadgen import LoadShape, Target, run_load_sync
 from servetune.loadgen.arrival import replay_ns
@@ -16,6 +15,7 @@ from servetune.trial.run import LevelOptions, TrialPlan, requests_per_s
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload
 from servetune.workload.spec import WorkloadError
 from servetune.workload.trace import TraceRow, read_trace, trace_rate
+from test_sessions import EchoServer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -15,8 +15,7 @@ from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study.storage import StudyError, StudyLock, default_storage
 from servetune.testing.installed import VLLM_CPU
 from servetune.testing.simengine import SimClock
-from servetune.timelimit import (GUESS_CAPACITY_S, GUESS_LAUNCH_S, STOP_S, Keep, LevelBudget, TimePlan,
-                                 parse_duration)
+from servetune.timelimit import GUESS_CAPACITY_S, GUESS_LAUNCH_S, STOP_S, Keep, LevelBudget, TimePlan, parse_duration
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import Runtime, TuneOptions, tune

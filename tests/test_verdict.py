@@ -6,14 +6,25 @@ the reasons it did not pass."""
 import math
 
 import numpy as np
-import outcomes
 import pytest
 
+import outcomes
 from servetune.loadgen.records import RequestRecord
-from servetune.measure.verdict import (FAIL_SPAN_S, RAMP_SAMPLE, Boundaries, Decision, LevelTest, SloTest, binomial_cdf,
-                                       clopper_pearson, fail_reasons, itl_bounds, level_verdict,
-                                       passes)
 from servetune.measure.steady import keeping_up_unshown
+from servetune.measure.verdict import (
+    FAIL_SPAN_S,
+    RAMP_SAMPLE,
+    Boundaries,
+    Decision,
+    LevelTest,
+    SloTest,
+    binomial_cdf,
+    clopper_pearson,
+    fail_reasons,
+    itl_bounds,
+    level_verdict,
+    passes,
+)
 
 MS = 1_000_000
 

@@ -16,11 +16,28 @@ import typer.core
 from pydantic import BaseModel
 from rich.markup import escape
 
-from servetune.console import (BenchProgress, TuneProgress, console, progress_bar, say, show_answer, show_bench,
-                               verify_table, warn)
+from servetune.console import (
+    BenchProgress,
+    TuneProgress,
+    console,
+    progress_bar,
+    say,
+    show_answer,
+    show_bench,
+    verify_table,
+    warn,
+)
 from servetune.errors import ServetuneError
-from servetune.options import (BenchArgs, DemoArgs, MemoryArgs, ModelTinyArgs, ReportArgs, TuneArgs, UsageError,
-                               VerifyArgs)
+from servetune.options import (
+    BenchArgs,
+    DemoArgs,
+    MemoryArgs,
+    ModelTinyArgs,
+    ReportArgs,
+    TuneArgs,
+    UsageError,
+    VerifyArgs,
+)
 
 if TYPE_CHECKING:  # the commands import what they run when they run
     from servetune.study.results import Summary

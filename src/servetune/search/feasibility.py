@@ -3,8 +3,16 @@
 from typing import Any
 
 from servetune.engine.installed import InstalledVllm
-from servetune.engine.memory import (Calibration, Device, LaunchObservation, ModelShape, calibrate,
-                                     choose_gpu_memory_utilization, max_gpu_memory_utilization, predict)
+from servetune.engine.memory import (
+    Calibration,
+    Device,
+    LaunchObservation,
+    ModelShape,
+    calibrate,
+    choose_gpu_memory_utilization,
+    max_gpu_memory_utilization,
+    predict,
+)
 
 HEADROOM_FRACTION = 0.05  # of the GPU, left to what vLLM does not profile (CUDA context, NCCL, fragments)
 

@@ -17,6 +17,7 @@ from servetune.measure.slo import latency
 from servetune.search.space import SearchSpace
 from servetune.study.record import RecordedTrial, Role, StudyRecord, TrialRecord, constraints_of, read_trial
 
+
 class Strategy(Protocol):
     """Makes the study's sampler and, for strategies that plan themselves, queues the next config."""
 

@@ -20,8 +20,16 @@ from typing import Annotated, Any, Self
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, PlainSerializer, PrivateAttr, ValidationError,
-                      field_validator, model_serializer)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainSerializer,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from servetune.engine.memory import Calibration
 from servetune.errors import StudyError

@@ -19,8 +19,16 @@ from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
 from servetune.measure.slo import Objective, headline_latencies
 from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level
-from servetune.study.record import (HeadToHead, Progress, RecordedTrial, Role, StudyMeta, StudyRecord, TrialRole,
-                                    TuneState)
+from servetune.study.record import (
+    HeadToHead,
+    Progress,
+    RecordedTrial,
+    Role,
+    StudyMeta,
+    StudyRecord,
+    TrialRole,
+    TuneState,
+)
 from servetune.timelimit import duration
 from servetune.workload.fit import refused_beyond
 

@@ -23,12 +23,12 @@ outcome that says so; it never raises for the engine's sake.
 import math
 import statistics
 import time
-
-import numpy as np
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind

@@ -29,17 +29,48 @@ from servetune.search.ruleout import prefill_cost, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
 from servetune.study.outcome import TrialOutcome
-from servetune.study.record import (Progress, RecordedTrial, Reference, Role, StudyMeta, StudyRecord, TrialRecord,
-                                    TuneState, read_trial, write_trial)
+from servetune.study.record import (
+    Progress,
+    RecordedTrial,
+    Reference,
+    Role,
+    StudyMeta,
+    StudyRecord,
+    TrialRecord,
+    TuneState,
+    read_trial,
+    write_trial,
+)
 from servetune.study.results import Results, Summary, TrialRow, beats, not_passed, trial_row
-from servetune.study.storage import (StudyLock, check_resumable, check_storage, default_storage, open_study,
-                                     stored_meta, trial_dir)
+from servetune.study.storage import (
+    StudyLock,
+    check_resumable,
+    check_storage,
+    default_storage,
+    open_study,
+    stored_meta,
+    trial_dir,
+)
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
 from servetune.trial.hooks import Hooks
-from servetune.trial.run import (MIN_WINDOW_S, Latency, LevelOptions, Race, TrialPlan, least_requests, level_seconds,
-                                 requests_per_s)
-from servetune.tuner.confirm import (candidates_of, decide, deciding_level, failed_at_or_below, head_to_head_job,
-                                     run_head_to_head)
+from servetune.trial.run import (
+    MIN_WINDOW_S,
+    Latency,
+    LevelOptions,
+    Race,
+    TrialPlan,
+    least_requests,
+    level_seconds,
+    requests_per_s,
+)
+from servetune.tuner.confirm import (
+    candidates_of,
+    decide,
+    deciding_level,
+    failed_at_or_below,
+    head_to_head_job,
+    run_head_to_head,
+)
 from servetune.tuner.dispatch import Dispatch, Finished
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
