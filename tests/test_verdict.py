@@ -13,7 +13,6 @@ from servetune.loadgen.records import RequestRecord
 from servetune.measure.steady import keeping_up_unshown
 from servetune.measure.verdict import (
     FAIL_SPAN_S,
-    RAMP_SAMPLE,
     Boundaries,
     Decision,
     LevelTest,

@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -280,7 +280,7 @@ def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = l
     on_stage("starting vLLM")
     engine.start()
     result = VerifyResult(
-        state="measuring", servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(),
+        state="measuring", servetune_version=__version__, date=datetime.now(UTC).isoformat(),
         model=plan.model, config=engine.engine_args, vllm_version=engine.vllm.version, device=engine.vllm.device_type,
         workload=plan.workload, slo=plan.slo, dataset=dataset.name, server_log=engine.log_path.name,
         vllm_log=vllm_log.name, servetune=None, vllm=None, vllm_failure="vLLM's client has not run yet",

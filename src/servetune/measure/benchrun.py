@@ -7,7 +7,7 @@ What the run has to say as it goes goes to its `BenchHooks` (the CLI draws bars 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ def run_bench(opts: BenchOptions, hooks: BenchHooks = BenchHooks()) -> BenchRun:
             raise ServetuneError(f"--json: {path} exists (an earlier run's): move it away, or give another --json")
     tok = load_tokenizer(opts.tokenizer or opts.model)
     requests = build_requests(opts.workload, tok, count=opts.workload.num_requests + opts.warmup)
-    run = BenchRun(servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(), model=opts.model,
+    run = BenchRun(servetune_version=__version__, date=datetime.now(UTC).isoformat(), model=opts.model,
                    workload=opts.workload.model_dump())
     if opts.base_url is None:
         run = _launched(opts, requests, run, hooks)

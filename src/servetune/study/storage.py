@@ -14,7 +14,7 @@ import os
 import socket
 import sqlite3
 import stat
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -357,7 +357,7 @@ def _own_file(path: Path) -> int:
 
 def _holder(since: bool = True) -> str:
     """Who takes a lock: this process and host (and since when)."""
-    when = f" since {datetime.now(timezone.utc).isoformat(timespec='seconds')}" if since else ""
+    when = f" since {datetime.now(UTC).isoformat(timespec='seconds')}" if since else ""
     return f"pid {os.getpid()} on {socket.gethostname()}{when}"
 
 
