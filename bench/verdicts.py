@@ -144,7 +144,8 @@ def main() -> None:
     workload = WorkloadSpec.model_validate(meta["workload"])
     tokenizer = load_tokenizer(args.tokenizer or model)
     verdicts = passing_levels(study)
-    for index, v in enumerate(verdicts):  # numbered over the whole study: a verdict's prompts never depend on --only-trials
+    # numbered over the whole study: a verdict's prompts never depend on --only-trials
+    for index, v in enumerate(verdicts):
         v["prompt_seed"] = workload.seed + SEED_OFFSET + args.runs * index
     chosen = [v for v in verdicts if args.only_trials is None or v["trial"] in args.only_trials]
     report = {"study": str(args.out), "model": model, "slo": slo, "requests_per_run": args.requests,
@@ -186,7 +187,8 @@ def main() -> None:
     write(report, args.json)
     totals = report["totals"]
     print(f"{totals['held']} of {totals['measured']} pass verdicts held (share {totals['share']})"
-          + (f"; {totals['verdicts'] - totals['measured']} not measured" if totals["verdicts"] > totals["measured"] else ""))
+          + (f"; {totals['verdicts'] - totals['measured']} not measured"
+             if totals["verdicts"] > totals["measured"] else ""))
 
 
 def entry(v: dict, slo: dict[str, float]) -> dict:

@@ -7,7 +7,7 @@ What the run has to say as it goes goes to its `BenchHooks` (the CLI draws bars 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 

@@ -245,7 +245,8 @@ def summarize(
     `p99_schedule_lag_ms` (`schedule_lag_ms` of every sent timed request), `late_requests` (those more than
     LATE_MS late), `client_lagging` (p99 schedule lag above SCHEDULE_LAG_BOUND_MS: the level measured the
     client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`
-    (`steady.keep_up` over `window`, default `default_window`; `keep_up_late_ratio` over its second half), `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
+    (`steady.keep_up` over `window`, default `default_window`; `keep_up_late_ratio` over its second half),
+    `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
     """
     timed = [r for r in result.records if not r.warmup]
     ok = [r for r in timed if r.ok]

@@ -362,7 +362,8 @@ class LevelTest:
         within its bound (True: extended, counting goes on)."""
         if not self.extendable or self.extended or self.decision != Decision.UNDECIDED:
             return False
-        if not all(t.over <= (1 - QUANTILE) * t.counted for t in self.tests.values() if t.decision == Decision.UNDECIDED):
+        if not all(t.over <= (1 - QUANTILE) * t.counted
+                   for t in self.tests.values() if t.decision == Decision.UNDECIDED):
             return False
         self.extended = True
         self.counted_range = self._window(self.longest_ns)

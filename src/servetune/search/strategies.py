@@ -215,7 +215,8 @@ class SeedStrategy:
         if mnbt is not None:
             chunked = [v for v in mnbt.choices if v < mml]
             whole = [v for v in mnbt.choices if v >= mml and v % mml == 0]
-            ladders.append(("chunked", [{"enable_chunked_prefill": True, "max_num_batched_tokens": v} for v in chunked]))
+            ladders.append(("chunked", [{"enable_chunked_prefill": True, "max_num_batched_tokens": v}
+                                        for v in chunked]))
             ladders.append(("whole", [{"enable_chunked_prefill": False, "max_num_batched_tokens": v} for v in whole]))
         for name in (k.arg for k in KNOBS if k.ladder):
             knob = self.space.knob(name)

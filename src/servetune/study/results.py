@@ -446,8 +446,8 @@ def _throughput_answer(summary: Summary, rows: list[TrialRow]) -> str:
         return f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
     if summary.best_beats_default:
         return (f"trial #{best.trial} beats vLLM's defaults: {holds}"
-                + (f", {summary.gain:+.0%} over their {default.request_throughput:.2f} req/s" if summary.gain is not None
-                   else "") + ", beyond the measured resolution.")
+                + (f", {summary.gain:+.0%} over their {default.request_throughput:.2f} req/s"
+                   if summary.gain is not None else "") + ", beyond the measured resolution.")
     return f"keep vLLM's defaults: {holds}."
 
 

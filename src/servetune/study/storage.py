@@ -14,7 +14,7 @@ import os
 import socket
 import sqlite3
 import stat
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 

@@ -392,7 +392,8 @@ class Tuner:
             left = budget - len(record.measured()) - len(running.running)
             if held is None and running.free and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
                 nxt = self.next_trial()
-                if record.measured() or running.running:  # the first trial runs whatever the time: it says what a trial costs
+                # the first trial runs whatever the time: it says what a trial costs
+                if record.measured() or running.running:
                     fits = clock.can_launch(nxt.first_level_s, nxt.reserve_s)
                 else:
                     fits = clock.remaining() > 0
@@ -484,10 +485,10 @@ class Tuner:
         hooks.trial_finished(job.number, out)
 
     def confirm(self, tokenizer) -> None:
-        """The head-to-head (`servetune.tuner.confirm`): is the pick better than vLLM's defaults at the pick's rate? Decided
-        by the defaults' own search where it failed at or below that rate, else by the defaults launched again and
-        measured there; stored in the study as its `confirmation`. A resumed study that measured nothing new keeps
-        the confirmation it has."""
+        """The head-to-head (`servetune.tuner.confirm`): is the pick better than vLLM's defaults at the pick's rate?
+        Decided by the defaults' own search where it failed at or below that rate, else by the defaults launched
+        again and measured there; stored in the study as its `confirmation`. A resumed study that measured nothing
+        new keeps the confirmation it has."""
         record, opts = self.proposer.record, self.proposer.opts
         measured = record.measured()
         trials = len(measured)

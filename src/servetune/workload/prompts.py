@@ -95,7 +95,8 @@ def check_size(spec: WorkloadSpec, count: int) -> None:
         return
     if limit == MAX_REQUESTS:
         raise WorkloadError(f"{count:,} requests to build: at most {MAX_REQUESTS:,} in one run (every prompt is "
-                            "built before the first is sent, ~3,000 short ones a second on a 2-core CPU); split the run")
+                            "built before the first is sent, ~3,000 short ones a second on a 2-core CPU); "
+                            "split the run")
     raise WorkloadError(
         f"{count:,} requests to build: about {_size(count * each)} in memory ({_size(each)} each), more than "
         f"{MEMORY_SHARE:.0%} of the {_size(available)} available; at most {limit:,} requests of this workload")
@@ -129,7 +130,8 @@ def available_memory_bytes() -> int | None:
         except (OSError, ValueError, AttributeError):
             return None
     for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
         try:
             left = int(Path(limit).read_text()) - int(Path(usage).read_text())
         except (OSError, ValueError):  # no such cgroup file, or "max": no limit
