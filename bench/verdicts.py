@@ -106,7 +106,7 @@ def measure_rate(target: Target, workload: WorkloadSpec, tokenizer, rate: float,
     runs, summaries = [], []
     for k in range(args.runs):
         requests = build_requests(workload, tokenizer, seed=first_seed + k, count=args.requests + warmup)
-        for attempt in range(2):
+        for attempt in range(2):  # noqa: B007 (read after the loop)
             reset_prefix_cache(target.base_url)  # as the search does before a level
             run = measure_level(target, requests, LoadShape(request_rate=rate, burstiness=workload.burstiness,
                                                             max_concurrency=workload.max_concurrency,

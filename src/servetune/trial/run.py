@@ -443,7 +443,7 @@ class Levels:
         if self.plan.workload.sessions:  # turns are due with their session: the window counts whole sessions
             due = _turns_due(timed, due)
         deadline = self.budget.deadline if self.budget is not None else None
-        for attempt in range(2):  # a level the client could not send on time is sent once more
+        for attempt in range(2):  # a level the client could not send on time is sent once more  # noqa: B007
             self.hooks.level_started(name, rate, scheduled + warmup)
             test = (LevelTest(self.plan.slo, first=min(self.plan.levels.min_requests, sized[0]), due_ns=due,
                               window_ns=int(window_s * 1e9), fill_ns=int(e2e.p99_s * 1e9), first_index=warmup,

@@ -375,7 +375,7 @@ class Tuner:
             self.hooks.note(f"could not write the outputs in {opts.out}: {e}")
         return results.summary
 
-    def search(self) -> bool:
+    def search(self) -> bool:  # noqa: C901 (the launch loop: propose, hold, submit, wait, in one state machine)
         """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
         were launched, the strategy has nothing left, or no launch and first deciding level fit the time left
         (then True, with what was not launched in `not_done`); tell the study each outcome as it returns and write
