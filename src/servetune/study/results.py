@@ -81,6 +81,7 @@ def trial_row(t: RecordedTrial, slo: Mapping[str, float], out_dir: Path | None =
     """A measured trial's row, with the p99s of the latencies `slo` bounds; `out_dir`: the study's output directory,
     for the path of a failed trial's log."""
     out = t.outcome
+    assert out is not None  # a measured trial's
     startup = out.startup
     log = out.failure.log if out.failure else None
     headline = headline_level(out.levels)
@@ -318,7 +319,7 @@ class Summary(_Frozen):
 def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial], rows: list[TrialRow]) -> Summary:
     """The summary of a study (`Summary`) from its rows (`trial_row` of every measured trial)."""
     default, best, significant = choose_best(rows, meta.objective)
-    gain = (best.value / default.value - 1) if best and default and default.value else None
+    gain = (best.value / default.value - 1) if best and best.value and default and default.value else None
     confirmation = record.confirmation
     if confirmation is not None:  # the head-to-head's recommendation replaces the search's
         best = next((r for r in rows if r.trial == confirmation.recommended_trial), best)
@@ -384,6 +385,7 @@ def _goodput_answer(summary: Summary, rows: list[TrialRow]) -> str:
     rate = summary.recommended_rate
     if not rate:
         return _no_rate(summary, rows)
+    assert best is not None  # a trial ran (`answer`), and holds the rate
     who = "vLLM's defaults" if default is not None and best.trial == default.trial else f"trial #{best.trial}'s config"
     how = (f"decided at {summary.confidence:.0%} confidence" if summary.confidence
            else "by its levels' p99s, before servetune's verdicts were statistical")
@@ -438,6 +440,7 @@ def _down_to(entry: "SummaryEntry", unit: str) -> str:
 
 def _throughput_answer(summary: Summary, rows: list[TrialRow]) -> str:
     best, default = summary.best, summary.default
+    assert best is not None  # a trial ran (`answer`)
     if not best.request_throughput:
         return "no throughput was measured: no capacity level finished a request."
     who = "vLLM's defaults" if default is not None and best.trial == default.trial else f"trial #{best.trial}'s config"

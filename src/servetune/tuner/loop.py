@@ -306,7 +306,7 @@ class Proposer:
         reason = reason or self.misfit(job)
         twin = None if given or reason else self._twin(trial, config)
         if reason is not None or twin is not None:
-            write_trial(trial, skipped=reason or f"same config as trial {twin.number}")
+            write_trial(trial, skipped=reason if twin is None else f"same config as trial {twin.number}")
             self.study.tell(trial, state=TrialState.PRUNED)
             return Skip(trial.number, config, reason or "duplicate", duplicate=reason is None)
         write_trial(trial, config_requested=config)
@@ -458,6 +458,7 @@ class Tuner:
         proposer, hooks = self.proposer, self.hooks
         record, job, trial, out = proposer.record, finished.tag.job, finished.tag.trial, finished.outcome
         if out is None:
+            assert finished.lost is not None  # no outcome: why the worker was lost
             record.requeue(record.trial(job.number), f"worker lost: {finished.lost}")
             hooks.trial_lost(job.number, finished.lost)
             return
@@ -503,8 +504,10 @@ class Tuner:
         level = pick_level = missing = wall_s = None
         method = "head-to-head"
         if pick is not None:
-            pick_level = deciding_level(record.trial(pick.trial).outcome, pick.goodput_rate)
-            level = failed_at_or_below(record.trial(default.trial).outcome, pick.goodput_rate)
+            pick_out, default_out = record.trial(pick.trial).outcome, record.trial(default.trial).outcome
+            assert pick_out is not None and default_out is not None and pick.goodput_rate is not None  # measured rows
+            pick_level = deciding_level(pick_out, pick.goodput_rate)
+            level = failed_at_or_below(default_out, pick.goodput_rate)
             if level is not None:
                 method = "search"
             else:
@@ -520,6 +523,7 @@ class Tuner:
         """The defaults launched again and measured at the pick's rate, when that fits the time left (None: it
         does not, which `not_done` says)."""
         opts, plan = self.proposer.opts, self.proposer.plan
+        assert pick.goodput_rate is not None  # it beat the defaults' (`confirm`)
         if self.clock.remaining() < self.clock.launch_s() + STOP_S:  # the trial sizes its level to what is left
             need = self.next_trial().head_to_head_s(pick.goodput_rate)
             self.not_done.append(f"the head-to-head with the defaults (~{duration(need)}): the time limit came first")
@@ -557,13 +561,14 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     """The next trial's start (`NextTrial`) from the study's measured trials."""
     measured = [t for t in record.measured() if t.outcome.ok]
     per_s = requests_per_s(plan, 1.0)
-    incumbent = max((t for t in measured if t.outcome.goodput_rate), key=lambda t: t.outcome.goodput_rate,
+    incumbent = max((t for t in measured if t.outcome.goodput_rate), key=lambda t: t.outcome.goodput_rate or 0.0,
                     default=None)
     e2e = _latency(incumbent.outcome) if incumbent else Latency()
     capacities = [lv.metrics.duration for t in measured for lv in t.outcome.levels if lv.name == "capacity"]
     first = statistics.median(capacities) if capacities else GUESS_CAPACITY_S  # every trial's first level
     if incumbent is not None and plan.objective == Objective.GOODPUT:
         rate = incumbent.outcome.goodput_rate
+        assert rate is not None  # a rated trial's
         race = Race(rate, (incumbent.outcome.goodput_bracket or (rate, None))[1])
         first += level_seconds(plan, rate * per_s, e2e)
     else:
@@ -579,12 +584,13 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
                default=math.inf)
     keep = replace(cost, low=low, high=high)
     best = max((t for t in measured if t.number != default.number and t.outcome.goodput_rate),
-               key=lambda t: t.outcome.goodput_rate, default=None)
-    pick = best if best is not None and keep.applies(best.outcome.goodput_rate) else None  # the head-to-head's
+               key=lambda t: t.outcome.goodput_rate or 0.0, default=None)
+    pick = best if best is not None and keep.applies(best.outcome.goodput_rate or 0.0) else None  # the head-to-head's
     decided = record.confirmation
     if pick is None or (decided is not None and decided.pick is not None and decided.pick.trial == pick.number
                         and decided.head_to_head is not None):
         return replace(nxt, keep=keep)  # nothing waits for a head-to-head, or the one it waited for has run
+    assert pick.outcome.goodput_rate is not None  # a rated trial's
     return replace(nxt, reserve_s=nxt.head_to_head_s(pick.outcome.goodput_rate), keep=keep)
 
 
