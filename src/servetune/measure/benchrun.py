@@ -154,6 +154,7 @@ def _launched(opts: BenchOptions, requests: list[RequestSpec], run: BenchRun, ho
             config=engine.engine_args, startup=facts.to_dict(), vllm_version=engine.vllm.version,
             device=engine.vllm.device_type, command=command)})
         run = _measured_at(engine.base_url, opts, requests, run, hooks)
+        assert run.engine is not None  # set above
         return run.model_copy(update={"engine": run.engine.model_copy(update={"alive_at_end": engine.alive()})})
     finally:
         engine.stop()

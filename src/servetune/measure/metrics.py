@@ -179,7 +179,7 @@ def default_window(result: LoadResult) -> Window | None:
         return None
     first_send = min(r.start_ns for r in timed)
     last_send = max(r.start_ns for r in timed)
-    fill_ns = min(np.percentile([e2el_ms(r) for r in ok], 90) * _NS_PER_MS, (last_send - first_send) / 2)
+    fill_ns = min(float(np.percentile([e2el_ms(r) for r in ok], 90)) * _NS_PER_MS, (last_send - first_send) / 2)
     return Window(int(first_send + fill_ns), last_send)
 
 
@@ -262,7 +262,7 @@ def summarize(
     steady = (keep_up([r for r in timed if r.start_ns], window, result.burstiness) if window is not None
               else None)
     slope, slope_se = ttft_slope(ok)
-    summary = {
+    summary: dict[str, Any] = {
         "duration": duration,
         "completed": len(ok),
         "failed": len(timed) - len(ok) - errors["cancelled"],

@@ -102,7 +102,11 @@ def parse_goodput(goodput: Mapping[str, Any]) -> dict[str, float]:
 def good_request(goodput: Mapping[str, float]) -> Callable[[RequestRecord], bool]:
     """Whether a finished request meets every `--goodput` bound (`parse_goodput`), as vLLM counts goodput: a
     one-token reply's TPOT is 0."""
-    bounds = [(_BY_GOODPUT_KEY[key].per_request, bound) for key, bound in goodput.items()]
+    bounds = []
+    for key, bound in goodput.items():
+        value = _BY_GOODPUT_KEY[key].per_request
+        assert value is not None  # every goodput key's latency is a request's
+        bounds.append((value, bound))
     return lambda record: all((value(record) or 0.0) <= bound for value, bound in bounds)
 
 
