@@ -123,7 +123,7 @@ class TrialRecord(_Stored):
     @field_validator("outcome", mode="before")
     @classmethod
     def _read_outcome(cls, value: Any) -> Any:
-        return TrialOutcome.read(value) if isinstance(value, Mapping) else value
+        return TrialOutcome.read(cast(dict, value)) if isinstance(value, Mapping) else value
 
 
 def read_trial(trial: FrozenTrial | optuna.Trial) -> TrialRecord:
