@@ -1,6 +1,6 @@
 """Before launching: does a config fit, per servetune's memory model, calibrated on this study's launches."""
 
-from typing import Any
+from typing import Any, Literal
 
 from servetune.engine.installed import InstalledVllm
 from servetune.engine.memory import (
@@ -33,7 +33,7 @@ class MemoryCheck:
             shape = ModelShape.from_path(model)
         except (OSError, ValueError, KeyError):
             return None
-        kind = "cpu" if vllm.on_cpu else "gpu"
+        kind: Literal["cpu", "gpu"] = "cpu" if vllm.on_cpu else "gpu"
         return cls(shape, Device(vllm.device_memory_bytes, kind=kind, name=vllm.device_name))
 
     def misfit(self, config: dict[str, Any]) -> str | None:
