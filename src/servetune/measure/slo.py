@@ -47,8 +47,8 @@ class Latency:
         """Its p99 as a column or axis names it, e.g. "p99 ITL (ms)"."""
         return f"p99 {self.label} (ms)"
 
-    def p99(self, metrics: LevelMetrics) -> float:
-        """The level's p99 of this latency (ms)."""
+    def p99(self, metrics: object) -> float:
+        """The level's p99 of this latency (ms), from its `LevelMetrics` or any metrics under their field names."""
         return getattr(metrics, self.p99_field)
 
     def mean(self, metrics: LevelMetrics) -> float:
