@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 MODEL := .cache/tiny-llama
 QUIET := { grep -v 'is ignored: it is neither' || true; }
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo lint test test-fast clean
 
 install: $(VENV)/.installed $(MODEL)/config.json
 
@@ -35,17 +35,23 @@ demo: install
 	left=$$(( $(DEMO_WITHIN_S) - $$(date +%s) + $(DEMO_START) )); \
 	$(BIN)/servetune demo --out out/demo --time-limit $$(( left > 300 ? left : 300 ))s
 
+# The gates, before any test (and so in CI): ruff (pyflakes, pycodestyle, isort, bugbear, pyupgrade, McCabe
+# complexity) and mypy, both configured in pyproject.toml. mypy checks src/ against the libraries in $(VENV).
+lint: $(VENV)/.installed
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy --python-executable $(BIN)/python src
+
 # Chromium and PostgreSQL for the tests: apt-get as root, else PostgreSQL from PyPI (scripts/system-deps.sh says
 # what it could not install).
-test: install
+test: lint install
 	scripts/system-deps.sh $(BIN)
 	$(BIN)/pytest -q -rs --durations=25
 
 # The tests without vLLM (`-m "not vllm"`: no server started, no probe), with vLLM hidden from every Python they
 # start (tests/no_vllm/), so a test that needs vLLM without the marker fails here.
-test-fast: install
+test-fast: lint install
 	scripts/system-deps.sh $(BIN)
 	SERVETUNE_NO_VLLM=1 $(BIN)/pytest -q -rs -m "not vllm"
 
 clean:
-	rm -rf $(VENV) .cache out
+	rm -rf $(VENV) .cache out .mypy_cache .ruff_cache

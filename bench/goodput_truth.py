@@ -31,7 +31,7 @@ from servetune.measure.slo import parse_slo
 from servetune.measure.steady import KEEP_UP_FRACTION, keep_up, sent_to_the_end
 from servetune.options import read_config_yaml
 from servetune.trial.server import reset_prefix_cache
-from servetune.verify import (VLLM_CLIENT_START_S, VerifyPlan, run_vllm_bench, vllm_bench_argv, write_dataset)
+from servetune.verify import VLLM_CLIENT_START_S, VerifyPlan, run_vllm_bench, vllm_bench_argv, write_dataset
 from servetune.workload import build_requests, load_tokenizer, load_workload
 
 SEED_OFFSET = 300_000  # prompts apart from a tune's (seed + 1000) and verify's (+ 200_000)

@@ -71,8 +71,8 @@ def replay(args: argparse.Namespace) -> None:
         with mock.patch.object(verdict, "itl_bounds", by_request):
             before, _ = decide(measured, args.itl)
         now, counted = decide(measured, args.itl)
-        print(f"| {path.parent.name}/{path.name.removesuffix('.records.jsonl')} | {100 * np.mean(gaps > args.itl):.2f}% "
-              f"| {before} | {now} ({counted} requests) |")
+        print(f"| {path.parent.name}/{path.name.removesuffix('.records.jsonl')} "
+              f"| {100 * np.mean(gaps > args.itl):.2f}% | {before} | {now} ({counted} requests) |")
 
 
 def main() -> None:

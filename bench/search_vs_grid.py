@@ -126,7 +126,8 @@ def main(out: Path) -> None:
                   f"{rate(s.best.goodput_rate if s.best else None)} | {bracket(s)} | {arms[arm][1] / 60:.1f} min |")
         print(f"\nGrid: {len(grid)} configs, {grid_s / 60:.1f} min, best {rate(grid_best)} req/s.\n")
         print("| arm | state | launched | recommended | its goodput (req/s) | of grid's best | the grid's goodput for "
-              "its chunk and max-num-seqs | of grid's best | time | of grid's time |\n|---|---|---|---|---|---|---|---|---|---|")
+              "its chunk and max-num-seqs | of grid's best | time | of grid's time |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
         for arm, s in summaries.items():
             if arm in grid:
                 continue
@@ -147,7 +148,8 @@ def main(out: Path) -> None:
             print(f"\nRe-measured back to back ({stage}; one-config tunes, in this order):\n\n| config of | goodput "
                   "(req/s) | bracket | of the grid's best, re-measured |\n|---|---|---|---|")
             for arm, summary in rechecks.items():
-                print(f"| {arm} | {rate(goodput(summary) or None)} | {bracket(summary)} | {share(goodput(summary), base)} |")
+                print(f"| {arm} | {rate(goodput(summary) or None)} | {bracket(summary)} "
+                      f"| {share(goodput(summary), base)} |")
         print(f"\n{fail_verdicts(out, name, arms)}\n")
 
 

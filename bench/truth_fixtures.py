@@ -48,7 +48,8 @@ def main() -> None:
     fixture = {
         "source": f"{truth_dir} ({truth['command']})",
         "slo": truth["slo"], "truth": truth["truth"],
-        "rows": [{k: row.get(k) for k in ("rate", "held", "p99", "keep_up_ratio", "window_s")} for row in truth["rows"]],
+        "rows": [{k: row.get(k) for k in ("rate", "held", "p99", "keep_up_ratio", "window_s")}
+                 for row in truth["rows"]],
         "capacity_level": with_tokens(capacity),
         "levels": {f"{row['rate']:.3f}": client_level(truth_dir / "truth" / f"rate-{row['rate']:.3f}.vllm-bench.json")
                    for row in truth["rows"]},

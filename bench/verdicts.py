@@ -106,7 +106,7 @@ def measure_rate(target: Target, workload: WorkloadSpec, tokenizer, rate: float,
     runs, summaries = [], []
     for k in range(args.runs):
         requests = build_requests(workload, tokenizer, seed=first_seed + k, count=args.requests + warmup)
-        for attempt in range(2):
+        for attempt in range(2):  # noqa: B007 (read after the loop)
             reset_prefix_cache(target.base_url)  # as the search does before a level
             run = measure_level(target, requests, LoadShape(request_rate=rate, burstiness=workload.burstiness,
                                                             max_concurrency=workload.max_concurrency,
@@ -144,7 +144,8 @@ def main() -> None:
     workload = WorkloadSpec.model_validate(meta["workload"])
     tokenizer = load_tokenizer(args.tokenizer or model)
     verdicts = passing_levels(study)
-    for index, v in enumerate(verdicts):  # numbered over the whole study: a verdict's prompts never depend on --only-trials
+    # numbered over the whole study: a verdict's prompts never depend on --only-trials
+    for index, v in enumerate(verdicts):
         v["prompt_seed"] = workload.seed + SEED_OFFSET + args.runs * index
     chosen = [v for v in verdicts if args.only_trials is None or v["trial"] in args.only_trials]
     report = {"study": str(args.out), "model": model, "slo": slo, "requests_per_run": args.requests,
@@ -186,7 +187,8 @@ def main() -> None:
     write(report, args.json)
     totals = report["totals"]
     print(f"{totals['held']} of {totals['measured']} pass verdicts held (share {totals['share']})"
-          + (f"; {totals['verdicts'] - totals['measured']} not measured" if totals["verdicts"] > totals["measured"] else ""))
+          + (f"; {totals['verdicts'] - totals['measured']} not measured"
+             if totals["verdicts"] > totals["measured"] else ""))
 
 
 def entry(v: dict, slo: dict[str, float]) -> dict:

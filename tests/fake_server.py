@@ -13,7 +13,8 @@ tokens and then nothing, keeping the connection open, `fake:hang=1` accepts the 
 `fake:malformed=1` streams an event that is not JSON, `fake:endless=1` streams tokens past `max_tokens` and never
 ends, `fake:ping=1` sends its tokens and then SSE comments without end (never `[DONE]`), `fake:error_body=1`
 answers 500 with a body that never ends (64 KiB a tick).
-`GET /v1/models` lists the model `fake` (with `max_model_len` N when given); `GET /stats` returns `{"requests": n, "peak_concurrency": p}` and resets the peak; anything else is 404.
+`GET /v1/models` lists the model `fake` (with `max_model_len` N when given); `GET /stats` returns
+`{"requests": n, "peak_concurrency": p}` and resets the peak; anything else is 404.
 `GET /metrics` answers TEXT (200) when given, else exposes, as vLLM does, histograms of its streams' times to first
 token and to the end, from the request read to the first and last token written
 (`vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`).
@@ -104,7 +105,7 @@ class FakeServer:
         self.ttft = Histogram("vllm:time_to_first_token_seconds")
         self.e2el = Histogram("vllm:e2e_request_latency_seconds")
 
-    def handle(self, transport: asyncio.Transport, method: bytes, path: bytes, body: bytes) -> None:
+    def handle(self, transport: asyncio.Transport, method: bytes, path: bytes, body: bytes) -> None:  # noqa: C901
         if method == b"GET" and path == b"/stats":
             transport.write(_response(200, "OK", {"requests": self.requests, "peak_concurrency": self.peak}))
             self.peak = self.in_flight

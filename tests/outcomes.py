@@ -1,9 +1,12 @@
 """Synthetic trial outcomes for the tests, built through servetune's own models (`servetune.study.outcome`)."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servetune.measure.metrics import LevelMetrics
 from servetune.study.outcome import Failure, LevelOutcome, TrialOutcome
+
+if TYPE_CHECKING:
+    from servetune.study.results import TrialRow
 
 _NONE = {"request_goodput", "max_concurrency", "steady_request_rate", "keep_up_ratio", "keep_up_se", "per_turn",
          "ttft_ms_per_prompt_token", "ttft_ms_per_prompt_token_se"}

@@ -3,7 +3,6 @@ defaults' level at or below the pick's rate (their own search's failure, or the 
 rate) decides whether it beats them (worked out from rows and outcomes, no server)."""
 
 import outcomes
-
 from servetune.study.results import TrialRow, beats
 from servetune.tuner.confirm import candidates_of, decide, deciding_level, failed_at_or_below
 

@@ -5,8 +5,14 @@ import math
 
 from conftest import word_level_tokenizer_dir
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
-from servetune.workload.fit import (ModelLenBounds, budget_is_whole_context, max_chars_per_token, model_len_for,
-                                   refused_beyond, served_prompt)
+from servetune.workload.fit import (
+    ModelLenBounds,
+    budget_is_whole_context,
+    max_chars_per_token,
+    model_len_for,
+    refused_beyond,
+    served_prompt,
+)
 
 
 def spec(endpoint: str = "completions", input_len=(300, 600), output_len: int = 20) -> WorkloadSpec:

@@ -27,7 +27,8 @@ from test_search import CPU
 pytestmark = pytest.mark.vllm
 
 CHAT = {"num_requests": 40, "seed": 2, "endpoint": "chat",
-        "input_len": {"type": "uniform", "min": 120, "max": 360}, "output_len": {"type": "uniform", "min": 8, "max": 16}}
+        "input_len": {"type": "uniform", "min": 120, "max": 360},
+        "output_len": {"type": "uniform", "min": 8, "max": 16}}
 
 
 def test_a_tune_never_loses_requests_to_its_own_max_model_len(llama3_tiny_model, tmp_path):

@@ -17,12 +17,12 @@ import optuna
 import pytest
 import typer
 
-from test_study_lock import options
-from test_tune_stops import StandIn
 from servetune import cli
 from servetune.measure.benchrun import BenchOptions, run_bench
 from servetune.study.storage import STUDY_NAME, StudyLock, default_storage
 from servetune.workload import WorkloadSpec
+from test_study_lock import options
+from test_tune_stops import StandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVETUNE = [sys.executable, "-m", "servetune"]

@@ -8,7 +8,7 @@ READY_LOG = """\
 (EngineCore pid=4672) INFO 11-29 10:33:54 [kv_cache_utils.py:2327] CPU KV cache size: 524,288 tokens, Maximum concurrency for 2,048 tokens per request: 256.00x
 (EngineCore pid=1) INFO 11-29 10:33:50 [monitor.py:34] torch.compile took 12.50 s in total
 (EngineCore pid=4672) INFO 11-29 10:33:55 [core.py:402] init engine (profile, create kv cache, warmup model) took 26.65 s
-"""
+"""  # noqa: E501 (vLLM's own log lines)
 
 
 def test_startup_facts():
@@ -42,7 +42,8 @@ def test_kv_cache_too_small():
 
 
 def test_oom_beats_the_generic_error():
-    log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\nRuntimeError: Engine core initialization failed."
+    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+           "RuntimeError: Engine core initialization failed.")
     assert classify_failure(log)[0] is FailureKind.OOM
 
 

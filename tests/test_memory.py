@@ -8,11 +8,11 @@ import pytest
 from safetensors.numpy import save_file
 
 from servetune.engine.memory import (
-    GiB,
-    MiB,
     Calibration,
     Device,
+    GiB,
     LaunchObservation,
+    MiB,
     ModelShape,
     _blocks_for_tokens,
     calibrate,

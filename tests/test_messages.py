@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from test_study_lock import options
-from test_tune_stops import StandIn
 from servetune.study.storage import SHOWN, StudyError, _shown
 from servetune.tuner.loop import tune
+from test_study_lock import options
+from test_tune_stops import StandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVETUNE = [sys.executable, "-m", "servetune"]

@@ -126,8 +126,8 @@ def test_ray_cluster_with_postgres_runs_a_killed_workers_trial_again(tiny_model,
 
 def _guards_under_ray_workers() -> dict[str, tuple[int, int]]:
     """{task name: (Ray worker pid, guard pid)} for Ray workers running a trial whose server was started."""
-    rows = [line.split(None, 2) for line in
-            subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()[1:]]
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in ps.splitlines()[1:]]
     workers = {int(r[0]): r[2].removeprefix("ray::") for r in rows if len(r) == 3 and r[2].startswith("ray::servetune")}
     return {workers[int(r[1])]: (int(r[1]), int(r[0])) for r in rows
             if len(r) == 3 and int(r[1]) in workers and "engine/_guard.py" in r[2]}

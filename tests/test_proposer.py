@@ -1,9 +1,9 @@
 """The tuner's proposer alone, on an in-memory study: what it launches, and what it skips with which reason."""
 
 import optuna
-import outcomes
 from optuna.trial import TrialState
 
+import outcomes
 from servetune.engine.memory import Device, GiB, ModelShape
 from servetune.executors import Job
 from servetune.search.feasibility import MemoryCheck

@@ -11,13 +11,24 @@ from optuna.trial import TrialState
 import outcomes
 from servetune.errors import StudyError
 from servetune.measure.verdict import Decision, SloTest
-from servetune.study.record import (RECORD_VERSION, HeadToHead, LevelRecord, Progress, Reference, Role, StudyMeta,
-                                    StudyRecord, TrialRecord, read_trial, write_trial)
+from servetune.study.record import (
+    RECORD_VERSION,
+    HeadToHead,
+    LevelRecord,
+    Progress,
+    Reference,
+    Role,
+    StudyMeta,
+    StudyRecord,
+    TrialRecord,
+    read_trial,
+    write_trial,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "servetune"
 META = StudyMeta(model="/m", workload={"num_requests": 10}, slo={"tpot_p99_ms": 25.0}, objective="goodput",
-                 strategy="seed", budget=3, space={"knobs": {"max_num_seqs": [16, 32]}, "fixed": {}, "max_model_len": 64,
-                                                  "context": 2048},
+                 strategy="seed", budget=3,
+                 space={"knobs": {"max_num_seqs": [16, 32]}, "fixed": {}, "max_model_len": 64, "context": 2048},
                  vllm_version="0.32.0", device="cpu", out="/out", levels={"confidence": 0.95})
 
 
@@ -39,7 +50,8 @@ def test_a_trials_record_reads_back_as_written(tmp_path):
     again = StudyRecord(optuna.load_study(study_name="servetune", storage=f"sqlite:///{tmp_path / 'study.db'}"))
     [t] = again.trials()
     assert t.record == read_trial(record.study.trials[0])
-    assert (t.record.role, t.record.ladder, t.record.why) == ("seed", "max_num_seqs", "the procedure: max_num_seqs ladder")
+    assert (t.record.role, t.record.ladder, t.record.why) == ("seed", "max_num_seqs",
+                                                              "the procedure: max_num_seqs ladder")
     assert t.outcome == out and t.record.constraints == [-1.5] and t.measured and t.objective_value == 2.0
     assert again.meta == META and again.stored_meta == META.stored()
     assert TrialRecord().role == "search" and TrialRecord().stored() == {}  # a trial TPE proposed: nothing written
@@ -139,7 +151,8 @@ def test_a_version_1_study_keeps_interrupted_on_the_trial(tmp_path):
     study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"role": "default",
                                                                                    "interrupted": "the tuner stopped"}))
     record = StudyRecord(study)
-    assert record.trials()[0].record.interrupted == "the tuner stopped" and record.interrupted == {0: "the tuner stopped"}
+    assert record.trials()[0].record.interrupted == "the tuner stopped"
+    assert record.interrupted == {0: "the tuner stopped"}
     assert record.exported()[0]["interrupted"] == "the tuner stopped"
 
 

@@ -88,8 +88,10 @@ def make_study(path: Path, trials: list[tuple[str, dict, TrialOutcome | str]], o
         if isinstance(result, str):
             state, value, attrs = TrialState.PRUNED, None, attrs | {"skipped": result}
         else:
-            value = (result.goodput_rate if objective == "goodput" else result.request_throughput) if result.ok else None
-            state, attrs = (TrialState.COMPLETE if result.ok else TrialState.PRUNED), attrs | {"outcome": result.stored()}
+            value = ((result.goodput_rate if objective == "goodput" else result.request_throughput)
+                     if result.ok else None)
+            state = TrialState.COMPLETE if result.ok else TrialState.PRUNED
+            attrs = attrs | {"outcome": result.stored()}
         study.add_trial(optuna.trial.create_trial(state=state, value=value, params=params, distributions=dists,
                                                   user_attrs=attrs))
     return storage

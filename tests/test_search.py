@@ -3,12 +3,12 @@
 import math
 
 import optuna
-import outcomes
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from optuna.trial import TrialState
 
+import outcomes
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
 from servetune.measure.slo import parse_slo
@@ -75,7 +75,8 @@ def test_a_floor_raises_what_is_tightened_and_a_fixed_max_model_len_is_every_con
     assert space.max_model_len == 2000 and space.knob("max_num_batched_tokens").choices[-4:] == (2000, 4000, 6000, 8000)
     assert space.config({"enable_chunked_prefill": False, "max_num_batched_tokens": 2000})["max_model_len"] == 2000
     assert "max_model_len" not in space.config({"enable_chunked_prefill": True, "max_num_batched_tokens": 2000})
-    assert build_space(CPU, ModelLenBounds(need=1008, context=4096, floor=9000).tightened, context=4096).max_model_len == 4096
+    tightened = ModelLenBounds(need=1008, context=4096, floor=9000).tightened
+    assert build_space(CPU, tightened, context=4096).max_model_len == 4096
     fixed = build_space(CPU, 1008, context=4096, fixed={"max_model_len": 2048})
     config = fixed.config({"enable_chunked_prefill": True})
     assert config["max_model_len"] == 2048 and fixed.model_len_reason(config) == "set with --engine-arg max-model-len"
@@ -86,7 +87,8 @@ def test_constraint_chunked_prefill_off_needs_a_whole_request_per_batch():
     space = build_space(CPU, 1000, context=4096)
     assert "needs chunked prefill" in space.violation(
         {"max_model_len": 1008, "max_num_batched_tokens": 512, "enable_chunked_prefill": False})
-    assert space.violation({"max_model_len": 1008, "max_num_batched_tokens": 512, "enable_chunked_prefill": True}) is None
+    assert space.violation(
+        {"max_model_len": 1008, "max_num_batched_tokens": 512, "enable_chunked_prefill": True}) is None
     assert space.violation({"max_num_batched_tokens": 128, "max_num_seqs": 256}) is not None
     assert SearchSpace.from_dict(space.to_dict()) == space
     assert batched_tokens_ladder(100) == (100, 200, 300, 400)

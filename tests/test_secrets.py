@@ -11,12 +11,12 @@ from urllib.parse import quote, quote_plus
 import pytest
 
 from conftest import postgres_server
-from test_study_lock import options
-from test_tune_stops import StandIn
 from servetune.options import TuneArgs, UsageError
 from servetune.redact import redact, remember, shown_url
 from servetune.study.storage import StudyLock
 from servetune.tuner.loop import tune
+from test_study_lock import options
+from test_tune_stops import StandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVETUNE = [sys.executable, "-m", "servetune"]

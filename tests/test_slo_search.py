@@ -2,13 +2,12 @@
 measured trials rule out (a prefill step longer than the p99 ITL SLO)."""
 
 import optuna
-import outcomes
 import pytest
 
+import outcomes
 from servetune.search.ruleout import prefill_cost, ruled_out
 from servetune.search.strategies import make_strategy
 from servetune.study.record import read_trial, write_trial
-
 from test_search import SPACE, _tell
 
 

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from servetune.loadgen.records import RequestRecord
-from servetune.measure.steady import (Window, fell_behind, in_flight, keep_up, keep_up_window_s,
-                                      keeping_up_unshown)
+from servetune.measure.steady import Window, fell_behind, in_flight, keep_up, keep_up_window_s, keeping_up_unshown
 from servetune.testing.batching import Physics, serve
 
 MS = 1_000_000

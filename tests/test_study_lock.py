@@ -14,11 +14,11 @@ import optuna
 import pytest
 
 from conftest import listening, loopback_only, postgres_server
-from test_tune_stops import WORKLOAD, StandIn
 from servetune.study.storage import STUDY_NAME, StudyError, StudyLock
 from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadSpec
+from test_tune_stops import WORKLOAD, StandIn
 
 HOLDER = rf"pid {os.getpid()} on {socket.gethostname()} since \S+"
 

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-from test_sessions import EchoServer
 
 from servetune.loadgen import LoadShape, Target, run_load_sync
 from servetune.loadgen.arrival import replay_ns
@@ -16,6 +15,7 @@ from servetune.trial.run import LevelOptions, TrialPlan, requests_per_s
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload
 from servetune.workload.spec import WorkloadError
 from servetune.workload.trace import TraceRow, read_trace, trace_rate
+from test_sessions import EchoServer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -161,7 +161,8 @@ def test_example_trace(tokenizer):
 @pytest.mark.vllm
 def test_real_server_replays_a_trace(vllm_server, tiny_model, tokenizer):
     level = measure_level(Target(vllm_server.base_url, str(tiny_model)),
-                          build_requests(load_workload(EXAMPLES / "trace.yaml"), tokenizer, count=20), LoadShape(request_rate=8.0))
+                          build_requests(load_workload(EXAMPLES / "trace.yaml"), tokenizer, count=20),
+                          LoadShape(request_rate=8.0))
     records = level.load.records
     assert all(r.ok for r in records) and len(records) == 20
     assert [r.prompt_tokens for r in records] == [r.prompt_len for r in records]

@@ -16,7 +16,8 @@ from servetune.trial.run import LevelName, LevelOptions, Levels, Race, TrialPlan
 from servetune.trial.server import VllmServer
 from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
 
-WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}
+WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32},
+            "output_len": {"type": "fixed", "value": 8}}
 
 
 def _plan(model) -> TrialPlan:

@@ -6,16 +6,15 @@ import threading
 from concurrent.futures import Future
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 import outcomes
-from servetune.testing.installed import VLLM_CPU
-import pytest
-
 from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study.record import StudyRecord
 from servetune.study.storage import STUDY_NAME
+from servetune.testing.installed import VLLM_CPU
 from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadSpec

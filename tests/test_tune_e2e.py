@@ -29,7 +29,8 @@ output_len: {type: uniform, min: 8, max: 16}
 
 def tune_args(model: Path, workload: Path, out: Path, *extra: str) -> list[str]:
     """A short tune the tests stop and resume. Up to 4 rates: levels of ~3 s, and on a busy 2-core VM two in a row
-    were undecided (keeping up: 96-98% of arrivals), which left the defaults with no rate (2026-12-03, --max-levels 2)."""
+    were undecided (keeping up: 96-98% of arrivals), which left the defaults with no rate (2026-12-03,
+    --max-levels 2)."""
     return [*SERVETUNE, "tune", "--model", str(model), "--workload", str(workload), "--out", str(out),
             "--slo", "tpot_p99_ms=500", "--strategy", "seed", "--budget", "2", "--level-requests", "320",
             "--min-level-requests", "20", "--max-levels", "4", "--no-confirm", *extra]
@@ -133,7 +134,8 @@ def test_resume_without_a_study_and_a_second_study_in_the_same_place_are_refused
     proc = subprocess.run(tune_args(tiny_model, workload, out, "--study", f"sqlite:///{tmp_path / 'taken.db'}"),
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "already holds a study" in proc.stderr.strip().splitlines()[-1]
-    proc = subprocess.run(tune_args(tiny_model, workload, out, "--strategy", "annealing"), capture_output=True, text=True)
+    proc = subprocess.run(tune_args(tiny_model, workload, out, "--strategy", "annealing"),
+                          capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown strategy" in proc.stderr.strip().splitlines()[-1]
     proc = subprocess.run(tune_args(tiny_model, workload, out, "--slo", "ttft_ms=3"), capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown SLO ttft_ms" in proc.stderr.strip().splitlines()[-1]

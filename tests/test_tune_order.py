@@ -15,7 +15,8 @@ from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import TuneOptions, tune
 from servetune.workload import WorkloadError, WorkloadSpec
 
-WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}
+WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32},
+            "output_len": {"type": "fixed", "value": 8}}
 
 
 class NeverProbed:

@@ -15,14 +15,14 @@ from servetune.executors import Job, WorkerError, WorkerLost
 from servetune.study.storage import StudyError, StudyLock, default_storage
 from servetune.testing.installed import VLLM_CPU
 from servetune.testing.simengine import SimClock
-from servetune.timelimit import (GUESS_CAPACITY_S, GUESS_LAUNCH_S, STOP_S, Keep, LevelBudget, TimePlan,
-                                 parse_duration)
+from servetune.timelimit import GUESS_CAPACITY_S, GUESS_LAUNCH_S, STOP_S, Keep, LevelBudget, TimePlan, parse_duration
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import Runtime, TuneOptions, tune
 from servetune.workload import WorkloadSpec
 
-WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32}, "output_len": {"type": "fixed", "value": 8}}
+WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32},
+            "output_len": {"type": "fixed", "value": 8}}
 
 
 class StandIn:
@@ -184,7 +184,8 @@ def test_a_candidate_races_at_the_best_rate_and_the_last_one_that_fits_runs(tiny
     summary = tune(options(tiny_model, tmp_path, budget=3, time_limit_s=400), executor=executor,
                    runtime=Runtime(clock=clock))
     searched = [j for j in executor.jobs if not j.plan.fixed_levels]
-    assert len(searched) == 2 and searched[0].plan.race is None and searched[1].plan.race.rate == 5.0 and searched[1].plan.race.beat == 5.5
+    assert len(searched) == 2 and searched[0].plan.race is None
+    assert searched[1].plan.race.rate == 5.0 and searched[1].plan.race.beat == 5.5
     assert searched[1].budget.after == 1 and searched[1].budget.deadline == searched[0].budget.deadline
     assert summary.state == "time-limit" and "1 of 3 trials not launched" in summary.not_done[0]
 
@@ -241,7 +242,8 @@ def test_a_second_tuner_on_a_study_is_refused_naming_the_holder(tiny_model, tmp_
 def test_resume_refuses_a_study_made_with_other_options(tiny_model, tmp_path):
     tune(options(tiny_model, tmp_path, budget=1, confirm=False), executor=StandIn({0: 5.0}, tmp_path / "out"))
     changed = options(tiny_model, tmp_path, budget=2, resume=True, confirm=False, engine_args={"max_num_seqs": 8})
-    with pytest.raises(StudyError, match=r'--engine-arg differs from the study\'s: it was \{\}, now \{"max_num_seqs": 8\}'):
+    with pytest.raises(StudyError,
+                       match=r'--engine-arg differs from the study\'s: it was \{\}, now \{"max_num_seqs": 8\}'):
         tune(changed, executor=StandIn({1: 6.0}, tmp_path / "out"))
     levels = options(tiny_model, tmp_path, budget=2, resume=True, confirm=False)
     levels = TuneOptions(**{**levels.__dict__, "levels": LevelOptions(requests=40, max_levels=1)})

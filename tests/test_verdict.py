@@ -6,14 +6,24 @@ the reasons it did not pass."""
 import math
 
 import numpy as np
-import outcomes
 import pytest
 
+import outcomes
 from servetune.loadgen.records import RequestRecord
-from servetune.measure.verdict import (FAIL_SPAN_S, RAMP_SAMPLE, Boundaries, Decision, LevelTest, SloTest, binomial_cdf,
-                                       clopper_pearson, fail_reasons, itl_bounds, level_verdict,
-                                       passes)
 from servetune.measure.steady import keeping_up_unshown
+from servetune.measure.verdict import (
+    FAIL_SPAN_S,
+    Boundaries,
+    Decision,
+    LevelTest,
+    SloTest,
+    binomial_cdf,
+    clopper_pearson,
+    fail_reasons,
+    itl_bounds,
+    level_verdict,
+    passes,
+)
 
 MS = 1_000_000
 
@@ -236,7 +246,8 @@ def test_a_level_fails_unless_its_slos_are_met_and_the_server_keeps_up():
     # arrivals were sparse in the steady part, but every one completed: that is keeping up
     assert fail_reasons(_metrics(steady_request_rate=9.0, keep_up_ratio=1.0), slo) == []
     assert fail_reasons(_metrics(failed=2), slo) == ["2 requests failed"]
-    assert fail_reasons(_metrics(offered_request_rate=math.inf, steady_request_rate=None, keep_up_ratio=None), slo) == []
+    unmeasured = _metrics(offered_request_rate=math.inf, steady_request_rate=None, keep_up_ratio=None)
+    assert fail_reasons(unmeasured, slo) == []
 
 
 def test_a_level_passes_only_when_its_keeping_up_is_shown():
@@ -269,5 +280,6 @@ def test_with_statistical_tests_each_slo_is_judged_by_its_test_not_its_p99():
         "tpot_p99_ms: 9 of 300 requests over 25 ms, 0.00-2.00% over (limit 1%)"]
     assert fail_reasons(_metrics(), slo, tests=[test("undecided", 2)]) == []
     undecided = level_verdict(_metrics(), slo, [test("undecided", 2)], stopped="time limit")
-    assert undecided.decision == Decision.UNDECIDED and undecided.reasons[0].startswith("undecided: tpot_p99_ms: 2 of 300")
+    assert undecided.decision == Decision.UNDECIDED
+    assert undecided.reasons[0].startswith("undecided: tpot_p99_ms: 2 of 300")
     assert undecided.reasons[-1] == "stopped by the time limit"

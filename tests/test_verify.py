@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from test_study_lock import options as tune_options
-from test_tune_stops import StandIn
 from servetune.study.record import HeadToHead
 from servetune.study.results import Summary
 from servetune.tuner.loop import tune
 from servetune.verify import VerifyResult, read_tune
+from test_study_lock import options as tune_options
+from test_tune_stops import StandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVETUNE = [sys.executable, "-m", "servetune", "verify"]

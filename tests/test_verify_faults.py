@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from test_study_lock import Held, options
-from test_tune_stops import StandIn
 from servetune.options import UsageError, VerifyArgs
 from servetune.study.record import TuneState
 from servetune.study.results import Summary
 from servetune.study.storage import StudyLock, default_storage
 from servetune.tuner.loop import tune
 from servetune.verify import VerifyResult, read_tune
+from test_study_lock import Held, options
+from test_tune_stops import StandIn
 
 FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 WORKLOAD = "num_requests: 40\ninput_len: {type: fixed, value: 16}\noutput_len: {type: fixed, value: 16}\n"

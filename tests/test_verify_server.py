@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from test_verify_faults import verify_argv
 from servetune.engine.histograms import Quantile
 from servetune.verify import SloCheck, VerifyResult, arbiter
+from test_verify_faults import verify_argv
 
 
 def test_the_server_says_which_client_is_right_in_the_json_and_the_console(tiny_model, tmp_path):

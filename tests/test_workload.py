@@ -10,7 +10,6 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from servetune.tinymodel import write_tiny_model
-from servetune.workload import prompts
 from servetune.workload import (
     DatasetSpec,
     LengthDistribution,
@@ -19,6 +18,7 @@ from servetune.workload import (
     build_requests,
     load_tokenizer,
     load_workload,
+    prompts,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

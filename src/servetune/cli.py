@@ -5,7 +5,6 @@ import contextlib
 import inspect
 import json
 import os
-import sys
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,13 +15,33 @@ import typer.core
 from pydantic import BaseModel
 from rich.markup import escape
 
-from servetune.console import (BenchProgress, TuneProgress, console, progress_bar, say, show_answer, show_bench,
-                               verify_table, warn)
+from servetune.console import (
+    BenchProgress,
+    TuneProgress,
+    console,
+    progress_bar,
+    say,
+    show_answer,
+    show_bench,
+    verify_table,
+    warn,
+)
 from servetune.errors import ServetuneError
-from servetune.options import (BenchArgs, DemoArgs, MemoryArgs, ModelTinyArgs, ReportArgs, TuneArgs, UsageError,
-                               VerifyArgs)
+from servetune.options import (
+    BenchArgs,
+    DemoArgs,
+    MemoryArgs,
+    ModelTinyArgs,
+    ReportArgs,
+    TuneArgs,
+    UsageError,
+    VerifyArgs,
+)
 
 if TYPE_CHECKING:  # the commands import what they run when they run
+    from pathlib import Path
+
+    from servetune.engine import EngineFailed
     from servetune.study.results import Summary
     from servetune.tuner.loop import TuneOptions
 
@@ -48,7 +67,7 @@ class Command(typer.core.TyperCommand):
             if getattr(param, "is_flag", False):
                 param.metavar = ""
 
-    def get_help_option(self, ctx: typer.Context) -> "typer.core.TyperOption | None":
+    def get_help_option(self, ctx: Any) -> "typer.core.TyperOption | None":  # Any: click's Context
         panels = any(getattr(param, "rich_help_panel", None) for param in self.params)
         return _help_option(super().get_help_option(ctx), panels)
 
@@ -56,7 +75,7 @@ class Command(typer.core.TyperCommand):
 class Group(typer.core.TyperGroup):
     """A command group whose --help shows no type."""
 
-    def get_help_option(self, ctx: typer.Context) -> "typer.core.TyperOption | None":
+    def get_help_option(self, ctx: Any) -> "typer.core.TyperOption | None":
         return _help_option(super().get_help_option(ctx), panels=False)
 
 
@@ -138,7 +157,7 @@ def interrupted(e: KeyboardInterrupt, what: str = "") -> typing.NoReturn:
     fail(f"interrupted ({e or 'SIGINT'}); no server is left running{what}", code=exit_code(e))
 
 
-def not_started(e: Exception) -> typing.NoReturn:
+def not_started(e: "EngineFailed") -> typing.NoReturn:
     fail(f"vLLM did not start ({e.failure.kind}): {e.failure.reason} (log: {e.failure.log_path})", code=1)
 
 
@@ -185,6 +204,7 @@ def bench(args: BenchArgs) -> None:
     if run.misplaced:  # a full disk: the results are where this says, not at --json
         fail("; ".join(run.misplaced), code=1)
     m = run.metrics
+    assert m is not None  # a run that returned has its metrics
     total = m.completed + m.failed
     if m.completed == 0 or (total and m.failed / total > args.max_failed_fraction):
         fail(f"{m.failed} of {total} requests failed ({m.errors}); the run is unusable "
@@ -248,7 +268,7 @@ def demo(args: DemoArgs) -> None:
     _tune_guarded(opts)
 
 
-def _resumed(out) -> "tuple[float, object]":
+def _resumed(out) -> "tuple[float, Path | None]":
     """The demo study's p99 ITL bound in `out`, and its reference config's file (a resume keeps both)."""
     from servetune.demo import REFERENCE
     from servetune.report.data import load_study
@@ -347,7 +367,7 @@ def memory(args: MemoryArgs) -> None:
     from servetune.engine.memory import memory_report
     from servetune.jsonio import jsonable
 
-    kind = "cpu" if args.cpu_kvcache_space_gib is not None else "gpu"
+    kind: typing.Literal["cpu", "gpu"] = "cpu" if args.cpu_kvcache_space_gib is not None else "gpu"
     with one_line_errors():
         try:
             report = memory_report(args.model, args.device_memory_gib, device_kind=kind, device_name=args.device_name,
@@ -392,6 +412,7 @@ def verify(args: VerifyArgs) -> None:
         fail("; ".join(result.misplaced), code=1)
     say(f"results: {json_out}")
     if result.vllm is None:
+        assert result.vllm_failure is not None  # why vLLM's client has no result
         fail(result.vllm_failure, code=1)
 
 
@@ -400,4 +421,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

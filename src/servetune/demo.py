@@ -56,8 +56,8 @@ class MachineSpeed:
         why = (f"the {BASE_ITL_MS:g} ms it was written for" if self.itl_slo_ms == BASE_ITL_MS
                else f"raised from {BASE_ITL_MS:g} ms for this machine")
         text = (f"this machine: a decode step takes ~{self.decode_ms:.1f} ms and prefill runs at "
-                f"~{self.prefill_tokens_per_s:,.0f} tokens/s (vLLM's defaults, one request at a time), so a decode step "
-                f"beside a {CHUNK}-token prefill chunk takes ~{stall:.0f} ms: the demo's SLO is p99 ITL <= "
+                f"~{self.prefill_tokens_per_s:,.0f} tokens/s (vLLM's defaults, one request at a time), so a decode "
+                f"step beside a {CHUNK}-token prefill chunk takes ~{stall:.0f} ms: the demo's SLO is p99 ITL <= "
                 f"{self.itl_slo_ms:g} ms ({why})")
         if self.slow:
             text += (f". It is ~{self.slowdown:.0f}x slower than the machine the demo was written on, where its search "

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional, cast
 
 from pydantic import BaseModel, ConfigDict
 from typer import Option
@@ -23,7 +23,7 @@ from servetune.timelimit import GUESS_LAUNCH_S, duration, parse_duration
 if TYPE_CHECKING:
     from servetune.measure.benchrun import BenchOptions
     from servetune.tuner.loop import TuneOptions
-    from servetune.verify import VerifyPlan
+    from servetune.verify import TunePick, VerifyPlan
     from servetune.workload import WorkloadSpec
 
 
@@ -392,23 +392,24 @@ class VerifyArgs(_Args):
                   "--json": self.json_out}
         if tuned is None and (missing := [name for name, value in needed.items() if value is None]):
             raise UsageError(f"{', '.join(missing)}: needed without --out TUNE_DIR")
-        if self.rate is None and tuned.rate is None:
+        pick = cast("TunePick", tuned)  # read below only for an option not given, and then --out was (above)
+        if self.rate is None and pick.rate is None:
             raise UsageError(f"--out: the tune in {self.out} holds no rate (no config held the SLOs at a rate it "
                              "measured, or it tuned throughput): give --rate to verify its config at a rate you choose")
         with about("--slo"):
             slos = parse_slo(pairs(self.slo, "--slo")) if self.slo else tuned.slo if tuned else {}
         with about("--config"):
-            engine_args = read_config_yaml(self.config) if self.config is not None else tuned.config
-        model = local_model(self.model) if self.model is not None else tuned.model
-        spec = load_workload(self.workload) if self.workload is not None else tuned.workload
-        rate = self.rate if self.rate is not None else tuned.rate
+            engine_args = read_config_yaml(self.config) if self.config is not None else pick.config
+        model = local_model(self.model) if self.model is not None else pick.model
+        spec = load_workload(self.workload) if self.workload is not None else pick.workload
+        rate = self.rate if self.rate is not None else pick.rate
         with about("--rate"):
             spec = WorkloadSpec.model_validate(spec.model_dump() | {"request_rate": rate,
                                                                     "num_requests": self.num_prompts})
         with about("--workload" if self.workload is not None else "--out"):
             plan = VerifyPlan(model=model, config=engine_args, workload=spec, slo=slos,
                               tune_note=tuned.note if tuned else None)
-        json_out = self.json_out or self.out / "verify.json"
+        json_out = self.json_out or cast(Path, self.out) / "verify.json"  # --json is needed without --out
         writable(json_out, "--json")
         check_lock_directory()
         return plan, json_out

@@ -118,9 +118,9 @@ class LevelBudget:
         `share_s` while another trial would use the time (vLLM's defaults: only once they decided a level, so that
         candidates are measured against something)."""
         need = least / rate_per_s + drain_s
-        shared = self.share_s is not None and (decided or not self.baseline)
-        if shared and need > self.share_s and not self.refines(now, end):
-            return f"more than a trial's share of the limit ({duration(self.share_s)})"
+        share_s = self.share_s if decided or not self.baseline else None
+        if share_s is not None and need > share_s and not self.refines(now, end):
+            return f"more than a trial's share of the limit ({duration(share_s)})"
         n = cap
         if self.level_s is not None:
             n = min(n, max(least, math.ceil(rate_per_s * self.level_s)))
@@ -203,6 +203,7 @@ class TimePlan:
         rate is searched to its end first, and the candidates get the time that is left."""
         if self.deadline is None:
             return None
+        assert self.level_s is not None  # a deadline comes with its limit
         return LevelBudget(deadline=self.deadline - reserve_s, level_s=self.level_s,
                            share_s=LEVELS_PER_TRIAL * self.level_s, baseline=baseline, keep=keep,
                            next_trial_s=next_trial_s, after=min(after, 1) if baseline else after)

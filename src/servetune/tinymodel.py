@@ -50,6 +50,8 @@ def write_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None) -> Path:
     tokenizer files are copied and the vocabulary sized to them (BOS/EOS ids from its tokenizer.json)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    bos: int | None  # None: a tokenizer_dir whose BOS or EOS token is not in its vocabulary
+    eos: int | None
     vocab_size, bos, eos = VOCAB_SIZE, 1, 2
     if tokenizer_dir is None:
         _write_json(out_dir / "tokenizer_config.json", _tokenizer_config())
@@ -65,12 +67,12 @@ def write_tiny_model(out_dir: Path, tokenizer_dir: Path | None = None) -> Path:
     return out_dir
 
 
-def _vocab_facts(model_dir: Path) -> tuple[int, int, int]:
-    """(vocabulary size, BOS id, EOS id) of the tokenizer in `model_dir`."""
+def _vocab_facts(model_dir: Path) -> tuple[int, int | None, int | None]:
+    """(vocabulary size, BOS id, EOS id) of the tokenizer in `model_dir` (None: a token not in its vocabulary)."""
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
 
-    def token_id(key: str) -> int:
+    def token_id(key: str) -> int | None:
         token = config.get(key)
         token = token.get("content") if isinstance(token, dict) else token
         return tokenizer.token_to_id(token) if token else 0
@@ -78,7 +80,7 @@ def _vocab_facts(model_dir: Path) -> tuple[int, int, int]:
     return tokenizer.get_vocab_size(with_added_tokens=True), token_id("bos_token"), token_id("eos_token")
 
 
-def _config(vocab_size: int, bos: int, eos: int) -> dict:
+def _config(vocab_size: int, bos: int | None, eos: int | None) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -14,9 +14,9 @@ import json
 import os
 import subprocess
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
@@ -253,7 +253,8 @@ def arbiter(ours: SloCheck, theirs: SloCheck | None) -> str:
         return (f"the server's histograms do not say for {' and '.join(unknown)} (no /metrics, no such histogram, "
                 "or nothing counted)")
     right = [who for who, check in checks.items() if check.agrees]
-    wrong = "; ".join(f"{who} does not: its {check.p99_ms:,.0f} ms, the server's {check.server_p99.span()}"
+    wrong = "; ".join(f"{who} does not: its {check.p99_ms:,.0f} ms, the server's "
+                      f"{cast(Quantile, check.server_p99).span()}"  # known: agrees is not None
                       for who, check in checks.items() if not check.agrees)
     if not wrong:
         return f"{' and '.join(right)} {'agree' if len(right) > 1 else 'agrees'} with the server, within its buckets"
@@ -280,7 +281,7 @@ def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = l
     on_stage("starting vLLM")
     engine.start()
     result = VerifyResult(
-        state="measuring", servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(),
+        state="measuring", servetune_version=__version__, date=datetime.now(UTC).isoformat(),
         model=plan.model, config=engine.engine_args, vllm_version=engine.vllm.version, device=engine.vllm.device_type,
         workload=plan.workload, slo=plan.slo, dataset=dataset.name, server_log=engine.log_path.name,
         vllm_log=vllm_log.name, servetune=None, vllm=None, vllm_failure="vLLM's client has not run yet",
@@ -348,7 +349,8 @@ def _saved(json_out: Path, result: VerifyResult, on_note: Callable[[str], None] 
     to its `misplaced`; with `on_note`, where it is said."""
     where, problem = write_or_beside(json_out, lambda path: write_json(path, result.model_dump()), "the results")
     if on_note is not None:
-        on_note(f"what was measured before the stop is in {where} ({result.state})" if where else problem)
+        on_note(f"what was measured before the stop is in {where} ({result.state})" if where
+                else cast(str, problem))  # written nowhere: the problem says why
     return result.model_copy(update={"misplaced": result.misplaced + [problem]}) if problem else result
 
 

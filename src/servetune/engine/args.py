@@ -10,7 +10,6 @@ import yaml
 from servetune import safeyaml
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
-
 from servetune.knobs import CPU_KVCACHE_SPACE  # not a vLLM flag: launched as --kv-cache-memory-bytes
 
 PSEUDO_ARGS = frozenset({CPU_KVCACHE_SPACE})

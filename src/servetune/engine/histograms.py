@@ -123,9 +123,9 @@ def parse(text: str) -> dict[str, Histogram]:
         bounds = sorted(b for b in buckets if math.isfinite(b))
         found[family.name] = {"family": family.name, "bounds_s": tuple(bounds), "count": round(count),
                               "cumulative": tuple(round(buckets[b]) for b in bounds), "sum_s": total}
-    return {name: Histogram.model_validate(found[family])
+    return {name: Histogram.model_validate(found[chosen])
             for name, families in FAMILIES.items()
-            if (family := next((f for f in families if f in found), None)) is not None}
+            if (chosen := next((f for f in families if f in found), None)) is not None}
 
 
 def scrape(base_url: str, timeout_s: float = 10.0) -> dict[str, Histogram]:

@@ -164,6 +164,7 @@ class Engine:
         _LIVE.add(self)
 
     def _wait_ready(self, started: float) -> LaunchFailure | None:
+        assert self.proc is not None  # started
         while time.monotonic() - started < self.startup_timeout_s:
             if self.proc.poll() is not None:
                 time.sleep(0.5)  # let the last lines reach the log
@@ -202,6 +203,7 @@ class Engine:
         if proc is not None:
             _kill_group(proc, grace_s)
         if lock is not None:  # the port is free for others once its server is gone (or never started)
+            assert self.port is not None  # reserved with the lock
             release_port(self.port, lock)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -3,6 +3,7 @@
 import re
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class FailureKind(StrEnum):
@@ -77,7 +78,7 @@ def parse_startup(log: str) -> StartupFacts:
     """Start-up facts from the text of a vLLM server log."""
     kv = _KV.search(log)
     conc = _CONC.search(log)
-    facts = {
+    facts: dict[str, Any] = {
         "kv_cache_tokens": _num(kv.group(1)) if kv else None,
         "max_concurrency": float(conc.group(2)) if conc else None,
         "max_model_len": _num(conc.group(1)) if conc else None,

@@ -35,4 +35,5 @@ def make_executor(parallel: int | None, ray_address: str | None, hooks: Hooks = 
             raise ServetuneError("--ray-address needs Ray: pip install 'servetune[cluster]'") from None
 
         return RayCluster(ray_address, parallel)
+    assert parallel is not None  # more than one (not runs_inline)
     return LocalPool(parallel, probe())

@@ -2,6 +2,7 @@
 runs on whichever node has them; its files come back with its outcome. Every node needs servetune, vLLM
 and the model at the same path."""
 
+import logging
 import os
 import tempfile
 import threading
@@ -51,7 +52,7 @@ class RayCluster:
 
     def __init__(self, address: str, slots: int | None = None, work: Callable[[Job], TrialOutcome] = run_job):
         try:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError, ray.exceptions.AuthenticationError) as e:
             raise ServetuneError(f"--ray-address {address}: cannot join the Ray cluster: "
                                  f"{str(e).splitlines()[0]}{_token_hint()}") from None

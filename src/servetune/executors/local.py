@@ -43,7 +43,7 @@ class LocalPool:
                 raise ServetuneError(f"--parallel {slots}: {len(self.free)} GPUs are visible, one trial needs one")
         self.devices = len(self.free)
         self.lock = threading.Lock()
-        self.procs: dict[int, multiprocessing.Process] = {}
+        self.procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self.context = multiprocessing.get_context("spawn")
 
     def probe(self) -> InstalledVllm:
@@ -67,6 +67,7 @@ class LocalPool:
         proc.start()
         send.close()
         future: Future[TrialOutcome] = Future()
+        assert proc.pid is not None  # started
         with self.lock:
             self.procs[proc.pid] = proc
         threading.Thread(target=self._collect, args=(proc, receive, future, units), daemon=True).start()

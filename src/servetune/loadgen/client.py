@@ -68,6 +68,7 @@ class Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        assert self._session is not None  # opened in __aenter__
         await self._session.close()
 
     def body(self, spec: RequestSpec, replies: tuple[str, ...] | list[str] = ()) -> bytes:
@@ -82,6 +83,7 @@ class Client:
     async def send(self, body: bytes, record: RequestRecord) -> None:
         """POST `body` and fill `record` in place. Never raises, except to pass on cancellation:
         a cancelled request is recorded with error "cancelled" and its partial timestamps."""
+        assert self._session is not None  # sent inside `async with`
         record.start_ns = perf_counter_ns()
         try:
             async with self._session.post(self._url, data=body, headers=self._headers) as resp:

@@ -8,9 +8,10 @@ import gc
 import math
 import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
+from typing import Any, cast
 
 from servetune.loadgen.arrival import ArrivalProcess, replay_ns, schedule_ns
 from servetune.loadgen.client import Client, Target
@@ -150,7 +151,8 @@ def due_times(
         session_rate = request_rate * n_sessions / len(timed)
         return schedule_ns(ArrivalProcess(session_rate, burstiness, seed), n_sessions), request_rate
     if (recorded_rate := trace_rate(timed)) is not None:
-        return replay_ns([r.arrival_s for r in timed], request_rate), recorded_rate * request_rate
+        arrivals = cast("list[float]", [r.arrival_s for r in timed])  # a trace's: every request has one
+        return replay_ns(arrivals, request_rate), recorded_rate * request_rate
     return schedule_ns(ArrivalProcess(request_rate, burstiness, seed), len(timed)), request_rate
 
 
@@ -159,8 +161,8 @@ def _sessions(requests: Sequence[RequestSpec], n_warmup: int) -> list[list[int]]
     they are not session turns."""
     turns: dict[int, list[int]] = {}
     for index in range(n_warmup, len(requests)):
-        if requests[index].session is not None:
-            turns.setdefault(requests[index].session, []).append(index)
+        if (session := requests[index].session) is not None:
+            turns.setdefault(session, []).append(index)
     return list(turns.values())
 
 
@@ -188,12 +190,19 @@ async def _signals_cancel(work: Awaitable[LoadResult]) -> LoadResult:
     and the load goes on (a bench sent SIGTERM ran to its end and exited 0). The handlers are put back after."""
     from servetune.interrupt import Interrupted
 
-    loop, task, caught = asyncio.get_running_loop(), asyncio.current_task(), []
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None  # awaited in a task (asyncio.run's)
+    caught: list[signal.Signals] = []
     taken = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     taken = {sig: handler for sig, handler in taken.items() if callable(handler)}
+
+    def cancel(sig: signal.Signals) -> None:
+        caught.append(sig)
+        task.cancel()
+
     for sig in list(taken):
         try:
-            loop.add_signal_handler(sig, lambda sig=sig: (caught.append(sig), task.cancel()))
+            loop.add_signal_handler(sig, cancel, sig)
         except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
             del taken[sig]
     try:
@@ -246,11 +255,11 @@ class _Slots:
 
 
 async def _send_on_schedule(
-    schedule: Sequence[tuple[int, int]], send_one: Callable[[int, int], Awaitable[None]]
+    schedule: Sequence[tuple[int, int]], send_one: Callable[[int, int], Coroutine[Any, Any, None]]
 ) -> None:
     """Start `send_one(index, due_ns)` for each (due_ns, index) when it is due and wait for them all; if
     cancelled, cancel those in flight and wait until they have recorded it."""
-    tasks = []
+    tasks: list[asyncio.Task[None]] = []
     try:
         for due_ns, index in schedule:
             await _sleep_until(due_ns)

@@ -12,7 +12,6 @@ from servetune.measure.metrics import LevelMetrics, summarize
 from servetune.measure.slo import good_request
 from servetune.workload import RequestSpec
 
-
 # The default request timeout: a server that spent it on nothing but this level's whole workload at this slow
 # a speed would still have answered; a hung server fails each request after it, not after a fixed 600 s.
 STALL_FLOOR_S = 30.0

@@ -7,7 +7,7 @@ What the run has to say as it goes goes to its `BenchHooks` (the CLI draws bars 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ def run_bench(opts: BenchOptions, hooks: BenchHooks = BenchHooks()) -> BenchRun:
             raise ServetuneError(f"--json: {path} exists (an earlier run's): move it away, or give another --json")
     tok = load_tokenizer(opts.tokenizer or opts.model)
     requests = build_requests(opts.workload, tok, count=opts.workload.num_requests + opts.warmup)
-    run = BenchRun(servetune_version=__version__, date=datetime.now(timezone.utc).isoformat(), model=opts.model,
+    run = BenchRun(servetune_version=__version__, date=datetime.now(UTC).isoformat(), model=opts.model,
                    workload=opts.workload.model_dump())
     if opts.base_url is None:
         run = _launched(opts, requests, run, hooks)
@@ -154,6 +154,7 @@ def _launched(opts: BenchOptions, requests: list[RequestSpec], run: BenchRun, ho
             config=engine.engine_args, startup=facts.to_dict(), vllm_version=engine.vllm.version,
             device=engine.vllm.device_type, command=command)})
         run = _measured_at(engine.base_url, opts, requests, run, hooks)
+        assert run.engine is not None  # set above
         return run.model_copy(update={"engine": run.engine.model_copy(update={"alive_at_end": engine.alive()})})
     finally:
         engine.stop()

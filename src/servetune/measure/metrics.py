@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -180,7 +179,7 @@ def default_window(result: LoadResult) -> Window | None:
         return None
     first_send = min(r.start_ns for r in timed)
     last_send = max(r.start_ns for r in timed)
-    fill_ns = min(np.percentile([e2el_ms(r) for r in ok], 90) * _NS_PER_MS, (last_send - first_send) / 2)
+    fill_ns = min(float(np.percentile([e2el_ms(r) for r in ok], 90)) * _NS_PER_MS, (last_send - first_send) / 2)
     return Window(int(first_send + fill_ns), last_send)
 
 
@@ -246,7 +245,8 @@ def summarize(
     `p99_schedule_lag_ms` (`schedule_lag_ms` of every sent timed request), `late_requests` (those more than
     LATE_MS late), `client_lagging` (p99 schedule lag above SCHEDULE_LAG_BOUND_MS: the level measured the
     client, not the server), `steady_request_rate`, `keep_up_ratio` and its standard error `keep_up_se`
-    (`steady.keep_up` over `window`, default `default_window`; `keep_up_late_ratio` over its second half), `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
+    (`steady.keep_up` over `window`, default `default_window`; `keep_up_late_ratio` over its second half),
+    `ttft_ms_per_prompt_token` and its standard error `ttft_ms_per_prompt_token_se` (`ttft_slope`).
     """
     timed = [r for r in result.records if not r.warmup]
     ok = [r for r in timed if r.ok]
@@ -262,7 +262,7 @@ def summarize(
     steady = (keep_up([r for r in timed if r.start_ns], window, result.burstiness) if window is not None
               else None)
     slope, slope_se = ttft_slope(ok)
-    summary = {
+    summary: dict[str, Any] = {
         "duration": duration,
         "completed": len(ok),
         "failed": len(timed) - len(ok) - errors["cancelled"],

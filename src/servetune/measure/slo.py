@@ -47,8 +47,8 @@ class Latency:
         """Its p99 as a column or axis names it, e.g. "p99 ITL (ms)"."""
         return f"p99 {self.label} (ms)"
 
-    def p99(self, metrics: LevelMetrics) -> float:
-        """The level's p99 of this latency (ms)."""
+    def p99(self, metrics: object) -> float:
+        """The level's p99 of this latency (ms), from its `LevelMetrics` or any metrics under their field names."""
         return getattr(metrics, self.p99_field)
 
     def mean(self, metrics: LevelMetrics) -> float:
@@ -102,7 +102,11 @@ def parse_goodput(goodput: Mapping[str, Any]) -> dict[str, float]:
 def good_request(goodput: Mapping[str, float]) -> Callable[[RequestRecord], bool]:
     """Whether a finished request meets every `--goodput` bound (`parse_goodput`), as vLLM counts goodput: a
     one-token reply's TPOT is 0."""
-    bounds = [(_BY_GOODPUT_KEY[key].per_request, bound) for key, bound in goodput.items()]
+    bounds = []
+    for key, bound in goodput.items():
+        value = _BY_GOODPUT_KEY[key].per_request
+        assert value is not None  # every goodput key's latency is a request's
+        bounds.append((value, bound))
     return lambda record: all((value(record) or 0.0) <= bound for value, bound in bounds)
 
 

@@ -319,6 +319,7 @@ class LevelTest:
 
     def _take(self) -> bool:
         """Count the waiting requests next in send order, within the window; decide on them (True: any counted)."""
+        assert self.counted_range is not None  # the window is set (add)
         grew = False
         while self._next in self._waiting and self._next < self.counted_range.stop:
             r = self._waiting.pop(self._next)
@@ -338,7 +339,7 @@ class LevelTest:
         sample = [self._waiting.get(i) for i in ramp]
         if None in sample or not sample:
             return False
-        fill = self.due_ns[0] + int(np.percentile([e2el_ms(r) for r in sample], 90) * 1e6)
+        fill = self.due_ns[0] + int(np.percentile([e2el_ms(r) for r in sample if r is not None], 90) * 1e6)
         self.fill_end_ns = max(self.min_fill_ns, fill)
         self.counted_range = self._window(self.window_ns)
         cap = max(1, len(self._window(self.longest_ns)))
@@ -352,6 +353,7 @@ class LevelTest:
 
     def _window(self, length_ns: int | None) -> range:
         """The indices of the requests due in the window of `length_ns` from the fill's end (None: to the end)."""
+        assert self.fill_end_ns is not None  # set before any window (_set_window)
         due = np.asarray(self.due_ns)
         start = int(np.searchsorted(due, self.fill_end_ns, side="left"))
         stop = len(due) if length_ns is None else int(np.searchsorted(due, self.fill_end_ns + length_ns, side="left"))
@@ -362,7 +364,8 @@ class LevelTest:
         within its bound (True: extended, counting goes on)."""
         if not self.extendable or self.extended or self.decision != Decision.UNDECIDED:
             return False
-        if not all(t.over <= (1 - QUANTILE) * t.counted for t in self.tests.values() if t.decision == Decision.UNDECIDED):
+        if not all(t.over <= (1 - QUANTILE) * t.counted
+                   for t in self.tests.values() if t.decision == Decision.UNDECIDED):
             return False
         self.extended = True
         self.counted_range = self._window(self.longest_ns)
@@ -383,6 +386,7 @@ class LevelTest:
 
     def _spanned(self) -> bool:
         """The counted requests span FAIL_SPAN_S of due time, or the whole window: a fail may be decided."""
+        assert self.counted_range is not None  # asked by _take's looks, on counted requests
         done = self.counted_range is not None and self._next >= self.counted_range.stop
         span = (self.due_ns[self.requests - 1 + self.counted_range.start - self._first_index]
                 - self.due_ns[self.counted_range.start - self._first_index]) if self.requests else 0
@@ -403,6 +407,7 @@ class LevelTest:
 
     def _request_test(self, name: str, bound: float, final: bool, may_fail: bool) -> SloTest:
         over, n = self._over[name], self._counted[name]
+        assert self.bounds is not None  # a per-request SLO's, set with the window
         if (may_fail and n and self.bounds.fails(over, n)
                 and _clustered(self._counted_records, name, bound, self.bounds.fail_confidence)[0] > 1 - QUANTILE):
             decision, confidence = Decision.FAIL, self.bounds.fail_confidence
@@ -443,6 +448,7 @@ def _clustered(records: Sequence[RequestRecord], name: str, bound: float, confid
     server's state (a burst of arrivals, a long prefill step, a stall), and their excess over a bound with it.
     Fewer than two windows: (0, 1)."""
     per_request = latency(name).per_request
+    assert per_request is not None  # a per-request SLO (ITL's gaps are in itl_bounds)
     values = [(v > bound, r.scheduled_ns) for r in records if (v := per_request(r)) is not None]
     if not values:
         return 0.0, 1.0

@@ -4,7 +4,9 @@ Every chart shows vLLM's default config in grey (a square) and the recommended o
 """
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -16,9 +18,9 @@ from servetune.measure.slo import REQUESTS_PER_S, Latency, Objective, headline_l
 from servetune.study.results import Results, TrialRow
 
 DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
-STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,
-         "axes.spines.right": False, "axes.grid": True, "grid.color": "#e5e7eb", "grid.linewidth": 0.8,
-         "legend.frameon": False, "savefig.dpi": 120}
+STYLE: dict[Any, Any] = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,
+                         "axes.spines.right": False, "axes.grid": True, "grid.color": "#e5e7eb", "grid.linewidth": 0.8,
+                         "legend.frameon": False, "savefig.dpi": 120}  # Any: matplotlib's rc keys
 
 
 def value_label(objective: str, rate_unit: str = REQUESTS_PER_S) -> str:
@@ -41,8 +43,8 @@ def pareto_front(points: list[TrialRow], latency: str) -> list[TrialRow]:
     """The points no other beats on both objective value (higher) and the p99 of `latency` (an SLO key, lower), by
     latency."""
     front: list[TrialRow] = []
-    for p in sorted(points, key=lambda p: (p.slo_p99[latency], -p.value)):
-        if not front or p.value > front[-1].value:
+    for p in sorted(points, key=lambda p: (p.slo_p99[latency], -(p.value or 0.0))):
+        if not front or (p.value or 0.0) > (front[-1].value or 0.0):
             front.append(p)
     return front
 
@@ -101,7 +103,7 @@ def _mark(ax, points: list[TrialRow], default: int | None, best: int | None, lat
                         textcoords="offset points", fontsize=9, color=BEST, fontweight="bold")
 
 
-def _log_if_wide(set_scale, values: list[float]) -> None:
+def _log_if_wide(set_scale, values: Sequence[float | None]) -> None:
     """A log scale when the values span more than 30x."""
     positive = [v for v in values if v and v > 0]
     if positive and max(positive) / min(positive) > 30:

@@ -1,10 +1,18 @@
 """Before launching: does a config fit, per servetune's memory model, calibrated on this study's launches."""
 
-from typing import Any
+from typing import Any, Literal
 
 from servetune.engine.installed import InstalledVllm
-from servetune.engine.memory import (Calibration, Device, LaunchObservation, ModelShape, calibrate,
-                                     choose_gpu_memory_utilization, max_gpu_memory_utilization, predict)
+from servetune.engine.memory import (
+    Calibration,
+    Device,
+    LaunchObservation,
+    ModelShape,
+    calibrate,
+    choose_gpu_memory_utilization,
+    max_gpu_memory_utilization,
+    predict,
+)
 
 HEADROOM_FRACTION = 0.05  # of the GPU, left to what vLLM does not profile (CUDA context, NCCL, fragments)
 
@@ -25,7 +33,7 @@ class MemoryCheck:
             shape = ModelShape.from_path(model)
         except (OSError, ValueError, KeyError):
             return None
-        kind = "cpu" if vllm.on_cpu else "gpu"
+        kind: Literal["cpu", "gpu"] = "cpu" if vllm.on_cpu else "gpu"
         return cls(shape, Device(vllm.device_memory_bytes, kind=kind, name=vllm.device_name))
 
     def misfit(self, config: dict[str, Any]) -> str | None:

@@ -87,6 +87,7 @@ class RateSearch:
     def _down(self) -> float:
         """The factor to the next rate below the lowest failure, from its margin: where its p99 is 20% over its
         bound, 1 / 1.2 (as a latency that grows in proportion to the rate would have it)."""
+        assert self.failed is not None  # asked below a failure (_next)
         m = self.margins.get(self.failed)
         if m is None:
             return self.step_far if self.far and self.far[-1] else self.step_down
@@ -94,6 +95,7 @@ class RateSearch:
 
     def _up(self) -> float:
         """The factor to the next rate above the highest pass, from its margin."""
+        assert self.passed is not None  # asked above a pass (_next)
         m = self.margins.get(self.passed)
         factor = 1 / self.step_down if m is None else math.exp(-0.7 * min(m, 0.0))
         return min(self.step_up, max(1 + 2 * self.resolution, factor))

@@ -6,7 +6,7 @@ measures and tells the study."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import optuna
 from optuna.trial import TrialState
@@ -16,6 +16,7 @@ from servetune.knobs import KNOBS, first_rung
 from servetune.measure.slo import latency
 from servetune.search.space import SearchSpace
 from servetune.study.record import RecordedTrial, Role, StudyRecord, TrialRecord, constraints_of, read_trial
+
 
 class Strategy(Protocol):
     """Makes the study's sampler and, for strategies that plan themselves, queues the next config."""
@@ -139,7 +140,8 @@ class ChunkLadder:
         return cls(base, chunks, start, seqs.choices if seqs is not None else ())
 
     def next(self, trials: list[RecordedTrial]) -> tuple[dict[str, Any], str] | None:
-        rungs = {t.record.planned.get("max_num_batched_tokens"): t for t in trials if t.record.role == Role.LADDER}
+        rungs = {cast("dict[str, Any]", t.record.planned).get("max_num_batched_tokens"): t  # queued with its plan
+                 for t in trials if t.record.role == Role.LADDER}
         if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in rungs.values()):
             return None  # a rung is queued or running: its result decides the next
         done = {chunk: value_of(t) for chunk, t in rungs.items()}
@@ -154,7 +156,7 @@ class ChunkLadder:
         return params, (
             f"chunk ladder (an ITL/TPOT SLO binds: prefill stalls decide it): chunk {chunk}, {direction}")
 
-    def _walk(self, done: dict[int, float]) -> tuple[int, str] | None:
+    def _walk(self, done: dict[int | None, float]) -> tuple[int, str] | None:
         """The next rung's index and direction, or None when the ladder is over. A start that held no rate does
         not climb (a larger chunk stalls longer); going down goes on while a rung is not clearly worse than the one
         above (within TIE), and always below a rung that held no rate, failed or was ruled out: a smaller chunk's
@@ -214,7 +216,8 @@ class SeedStrategy:
         if mnbt is not None:
             chunked = [v for v in mnbt.choices if v < mml]
             whole = [v for v in mnbt.choices if v >= mml and v % mml == 0]
-            ladders.append(("chunked", [{"enable_chunked_prefill": True, "max_num_batched_tokens": v} for v in chunked]))
+            ladders.append(("chunked", [{"enable_chunked_prefill": True, "max_num_batched_tokens": v}
+                                        for v in chunked]))
             ladders.append(("whole", [{"enable_chunked_prefill": False, "max_num_batched_tokens": v} for v in whole]))
         for name in (k.arg for k in KNOBS if k.ladder):
             knob = self.space.knob(name)
@@ -249,7 +252,10 @@ class SeedStrategy:
         if not ran:
             return False
         last = ran[-1]
-        if last.state != TrialState.COMPLETE or (last.outcome.preemptions or 0) > 0:
+        if last.state != TrialState.COMPLETE:
+            return True
+        assert last.outcome is not None  # a completed trial measured
+        if (last.outcome.preemptions or 0) > 0:
             return True
         return len(ran) >= 2 and value_of(last) <= value_of(ran[-2])
 
@@ -275,5 +281,5 @@ def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
     """The config of a searched trial: the knobs a queued trial planned, otherwise every knob sampled."""
     planned = read_trial(trial).planned
     names = list(planned) if planned is not None else [k.name for k in space.knobs]
-    params = {n: trial.suggest_categorical(n, list(space.knob(n).choices)) for n in names if space.knob(n)}
+    params = {n: trial.suggest_categorical(n, list(knob.choices)) for n in names if (knob := space.knob(n))}
     return space.config(params)

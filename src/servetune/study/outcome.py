@@ -115,6 +115,7 @@ class TrialOutcome(_Frozen):
         """What the trial measured, in a line: its goodput rate and bracket (or why it holds none), its capacity;
         never a rate that was not measured."""
         if not self.ok:
+            assert self.failure is not None  # a failed trial's reason (TrialOutcome.failed)
             return f"failed ({self.failure.kind}): {self.failure.reason}"
         unit = self.rate_unit
         capacity = (f"capacity {self.request_throughput:.2f} req/s" if self.request_throughput
@@ -122,6 +123,7 @@ class TrialOutcome(_Frozen):
         races = [lv for lv in self.levels if lv.name == LevelName.RACE]  # run twice after an early narrow fail
         race = races[-1] if races else None
         if self.goodput_rate:
+            assert self.goodput_bracket is not None  # set with the rate
             low, high = self.goodput_bracket
             upper = f"not passed at {high:.2f}" if high is not None else "every rate measured passed"
             text = f"goodput rate {low:.2f} {unit} ({upper}); {capacity}"

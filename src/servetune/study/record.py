@@ -16,12 +16,20 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Self
+from typing import TYPE_CHECKING, Annotated, Any, Self, cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, PlainSerializer, PrivateAttr, ValidationError,
-                      field_validator, model_serializer)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainSerializer,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from servetune.engine.memory import Calibration
 from servetune.errors import StudyError
@@ -115,7 +123,7 @@ class TrialRecord(_Stored):
     @field_validator("outcome", mode="before")
     @classmethod
     def _read_outcome(cls, value: Any) -> Any:
-        return TrialOutcome.read(value) if isinstance(value, Mapping) else value
+        return TrialOutcome.read(cast(dict, value)) if isinstance(value, Mapping) else value
 
 
 def read_trial(trial: FrozenTrial | optuna.Trial) -> TrialRecord:
@@ -170,6 +178,17 @@ class RecordedTrial:
     def objective_value(self) -> float | None:
         """The value told to the study (None unless COMPLETE)."""
         return self.value if self.state == TrialState.COMPLETE else None
+
+
+if TYPE_CHECKING:
+    class MeasuredTrial(RecordedTrial):
+        """A trial `StudyRecord.measured` returns: it has an outcome (to the type checker; a RecordedTrial at run
+        time)."""
+
+        @property
+        def outcome(self) -> TrialOutcome: ...
+else:
+    MeasuredTrial = RecordedTrial
 
 
 class StudyMeta(_Stored):
@@ -374,9 +393,10 @@ class StudyRecord:
     def trial(self, number: int) -> RecordedTrial:
         return self.trials()[number]
 
-    def measured(self) -> list[RecordedTrial]:
+    def measured(self) -> list[MeasuredTrial]:
         """Trials that launched a server (completed or failed), in order; not skipped or interrupted ones."""
-        return [t for t in self.trials((TrialState.COMPLETE, TrialState.PRUNED)) if t.outcome is not None]
+        return cast("list[MeasuredTrial]",
+                    [t for t in self.trials((TrialState.COMPLETE, TrialState.PRUNED)) if t.outcome is not None])
 
     def launches(self) -> list[TrialOutcome]:
         """The outcome of every trial that launched a server, interrupted ones included."""

@@ -19,8 +19,16 @@ from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
 from servetune.measure.slo import Objective, headline_latencies
 from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level
-from servetune.study.record import (HeadToHead, Progress, RecordedTrial, Role, StudyMeta, StudyRecord, TrialRole,
-                                    TuneState)
+from servetune.study.record import (
+    HeadToHead,
+    Progress,
+    RecordedTrial,
+    Role,
+    StudyMeta,
+    StudyRecord,
+    TrialRole,
+    TuneState,
+)
 from servetune.timelimit import duration
 from servetune.workload.fit import refused_beyond
 
@@ -73,6 +81,7 @@ def trial_row(t: RecordedTrial, slo: Mapping[str, float], out_dir: Path | None =
     """A measured trial's row, with the p99s of the latencies `slo` bounds; `out_dir`: the study's output directory,
     for the path of a failed trial's log."""
     out = t.outcome
+    assert out is not None  # a measured trial's
     startup = out.startup
     log = out.failure.log if out.failure else None
     headline = headline_level(out.levels)
@@ -310,7 +319,7 @@ class Summary(_Frozen):
 def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial], rows: list[TrialRow]) -> Summary:
     """The summary of a study (`Summary`) from its rows (`trial_row` of every measured trial)."""
     default, best, significant = choose_best(rows, meta.objective)
-    gain = (best.value / default.value - 1) if best and default and default.value else None
+    gain = (best.value / default.value - 1) if best and best.value and default and default.value else None
     confirmation = record.confirmation
     if confirmation is not None:  # the head-to-head's recommendation replaces the search's
         best = next((r for r in rows if r.trial == confirmation.recommended_trial), best)
@@ -376,6 +385,7 @@ def _goodput_answer(summary: Summary, rows: list[TrialRow]) -> str:
     rate = summary.recommended_rate
     if not rate:
         return _no_rate(summary, rows)
+    assert best is not None  # a trial ran (`answer`), and holds the rate
     who = "vLLM's defaults" if default is not None and best.trial == default.trial else f"trial #{best.trial}'s config"
     how = (f"decided at {summary.confidence:.0%} confidence" if summary.confidence
            else "by its levels' p99s, before servetune's verdicts were statistical")
@@ -430,6 +440,7 @@ def _down_to(entry: "SummaryEntry", unit: str) -> str:
 
 def _throughput_answer(summary: Summary, rows: list[TrialRow]) -> str:
     best, default = summary.best, summary.default
+    assert best is not None  # a trial ran (`answer`)
     if not best.request_throughput:
         return "no throughput was measured: no capacity level finished a request."
     who = "vLLM's defaults" if default is not None and best.trial == default.trial else f"trial #{best.trial}'s config"
@@ -438,8 +449,8 @@ def _throughput_answer(summary: Summary, rows: list[TrialRow]) -> str:
         return f"vLLM's defaults did not run; the best config that did is {who}: {holds}."
     if summary.best_beats_default:
         return (f"trial #{best.trial} beats vLLM's defaults: {holds}"
-                + (f", {summary.gain:+.0%} over their {default.request_throughput:.2f} req/s" if summary.gain is not None
-                   else "") + ", beyond the measured resolution.")
+                + (f", {summary.gain:+.0%} over their {default.request_throughput:.2f} req/s"
+                   if summary.gain is not None else "") + ", beyond the measured resolution.")
     return f"keep vLLM's defaults: {holds}."
 
 

@@ -14,7 +14,7 @@ import os
 import socket
 import sqlite3
 import stat
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,7 @@ def _differing(old: Any, new: Any) -> tuple[Any, Any]:
             {k: b for k, (_, b) in cut.items() if b is not _ABSENT})
 
 
-def _shown(old: Any, new: Any) -> tuple[str, str]:
+def _shown(old: Any, new: Any) -> tuple[str, ...]:
     """Both values as a refused resume shows them: only what differs (`_differing`), as JSON; a text longer
     than SHOWN is cut to a window that starts shortly before where the two texts first differ."""
     texts = [json.dumps(value, sort_keys=True, default=str) for value in _differing(old, new)]
@@ -230,7 +230,7 @@ class StudyLock:
         self.out, self.storage, self.made_out = out, storage, made_out
         self.held: list[tuple[Path, int]] = []  # (lock file, its descriptor)
         self.room: tuple[int, int] | None = None  # (the descriptor of the lock file holding ROOM, its holder's line)
-        self.connection = None
+        self.connection: sqlalchemy.Connection | None = None
 
     def acquire(self) -> "StudyLock":
         """Take the study's lock, then the output directory's; StudyError (nothing held) if either is taken."""
@@ -352,12 +352,13 @@ def _own_file(path: Path) -> int:
             os.close(fd)
         raise StudyError(f"{path} is not a lock file of this user's (a symlink, or a link to another file): remove "
                          "it, or use another --out/--study")
+    assert fd is not None  # st is its
     return fd
 
 
 def _holder(since: bool = True) -> str:
     """Who takes a lock: this process and host (and since when)."""
-    when = f" since {datetime.now(timezone.utc).isoformat(timespec='seconds')}" if since else ""
+    when = f" since {datetime.now(UTC).isoformat(timespec='seconds')}" if since else ""
     return f"pid {os.getpid()} on {socket.gethostname()}{when}"
 
 

@@ -90,15 +90,16 @@ def outcome_of(job: Job) -> TrialOutcome:
         return TrialOutcome.failed(job.config, failure, startup=startup)
     metrics = LevelMetrics.model_validate(summarize(level_load()))
     capacity = LevelOutcome(name=LevelName.CAPACITY, rate=math.inf, seed=0, verdict="pass", passed=True, reasons=[],
-                            metrics=metrics, server={"vllm:num_preemptions": 0.0, "vllm:kv_cache_usage_perc": None}, records=RECORDS,
-                            rejected=0, attempts=1)
+                            metrics=metrics, server={"vllm:num_preemptions": 0.0, "vllm:kv_cache_usage_perc": None},
+                            records=RECORDS, rejected=0, attempts=1)
     return TrialOutcome(status=TrialStatus.OK, config=job.config, startup=startup, levels=[capacity],
                         request_throughput=metrics.request_throughput, p99_ttft_ms=metrics.p99_ttft_ms,
                         p99_tpot_ms=metrics.p99_tpot_ms, preemptions=0.0, rejected_requests=0)
 
 
 def job(number: int, out: Path, act: str = "measure", **config) -> Job:
-    return Job(number, {"act": act, **config}, None, out / "trials" / f"{number:04d}")
+    # no TrialPlan: the contract's stand-in work never reads one
+    return Job(number, {"act": act, **config}, None, out / "trials" / f"{number:04d}")  # type: ignore[arg-type]
 
 
 # --- the contract ----------------------------------------------------------------------------------------------
@@ -211,7 +212,8 @@ class ExecutorContract:
         executor = make()
         reason = executor.misfit(job(0, tmp_path, tensor_parallel_size=self.devices + 1))
         assert reason is not None and f"needs {self.devices + 1} GPUs" in reason
-        assert executor.misfit(job(1, tmp_path, tensor_parallel_size=2, pipeline_parallel_size=self.devices)) is not None
+        two_stages = job(1, tmp_path, tensor_parallel_size=2, pipeline_parallel_size=self.devices)
+        assert executor.misfit(two_stages) is not None
 
     def test_close_stops_the_running_work(self, make, tmp_path):
         if self.no_worker:

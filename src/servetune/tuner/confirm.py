@@ -37,7 +37,7 @@ def candidates_of(rows: list[TrialRow], default: TrialRow | None,
         return []
     ok = [r for r in rows if r.ok and r.role != Role.DEFAULT and r.value is not None and math.isfinite(r.value)
           and significant(r, default)]
-    return sorted(ok, key=lambda r: r.value, reverse=True)
+    return sorted(ok, key=lambda r: r.value or 0.0, reverse=True)
 
 
 def head_to_head_job(default: TrialRow, rate: float, plan: TrialPlan, level_set: list, out: Path,
@@ -117,4 +117,5 @@ def run_head_to_head(job: Job, running: Dispatch, hooks: Hooks) -> TrialOutcome:
             if finished.outcome is not None:
                 hooks.confirm_finished(job.number, finished.outcome)
                 return finished.outcome
+            assert finished.lost is not None  # no outcome: why the worker was lost
             hooks.confirm_lost(job.number, finished.lost)

@@ -29,17 +29,48 @@ from servetune.search.ruleout import prefill_cost, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
 from servetune.study.outcome import TrialOutcome
-from servetune.study.record import (Progress, RecordedTrial, Reference, Role, StudyMeta, StudyRecord, TrialRecord,
-                                    TuneState, read_trial, write_trial)
+from servetune.study.record import (
+    Progress,
+    RecordedTrial,
+    Reference,
+    Role,
+    StudyMeta,
+    StudyRecord,
+    TrialRecord,
+    TuneState,
+    read_trial,
+    write_trial,
+)
 from servetune.study.results import Results, Summary, TrialRow, beats, not_passed, trial_row
-from servetune.study.storage import (StudyLock, check_resumable, check_storage, default_storage, open_study,
-                                     stored_meta, trial_dir)
+from servetune.study.storage import (
+    StudyLock,
+    check_resumable,
+    check_storage,
+    default_storage,
+    open_study,
+    stored_meta,
+    trial_dir,
+)
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
 from servetune.trial.hooks import Hooks
-from servetune.trial.run import (MIN_WINDOW_S, Latency, LevelOptions, Race, TrialPlan, least_requests, level_seconds,
-                                 requests_per_s)
-from servetune.tuner.confirm import (candidates_of, decide, deciding_level, failed_at_or_below, head_to_head_job,
-                                     run_head_to_head)
+from servetune.trial.run import (
+    MIN_WINDOW_S,
+    Latency,
+    LevelOptions,
+    Race,
+    TrialPlan,
+    least_requests,
+    level_seconds,
+    requests_per_s,
+)
+from servetune.tuner.confirm import (
+    candidates_of,
+    decide,
+    deciding_level,
+    failed_at_or_below,
+    head_to_head_job,
+    run_head_to_head,
+)
 from servetune.tuner.dispatch import Dispatch, Finished
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
@@ -275,7 +306,7 @@ class Proposer:
         reason = reason or self.misfit(job)
         twin = None if given or reason else self._twin(trial, config)
         if reason is not None or twin is not None:
-            write_trial(trial, skipped=reason or f"same config as trial {twin.number}")
+            write_trial(trial, skipped=reason if twin is None else f"same config as trial {twin.number}")
             self.study.tell(trial, state=TrialState.PRUNED)
             return Skip(trial.number, config, reason or "duplicate", duplicate=reason is None)
         write_trial(trial, config_requested=config)
@@ -344,7 +375,7 @@ class Tuner:
             self.hooks.note(f"could not write the outputs in {opts.out}: {e}")
         return results.summary
 
-    def search(self) -> bool:
+    def search(self) -> bool:  # noqa: C901 (the launch loop: propose, hold, submit, wait, in one state machine)
         """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
         were launched, the strategy has nothing left, or no launch and first deciding level fit the time left
         (then True, with what was not launched in `not_done`); tell the study each outcome as it returns and write
@@ -361,7 +392,8 @@ class Tuner:
             left = budget - len(record.measured()) - len(running.running)
             if held is None and running.free and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
                 nxt = self.next_trial()
-                if record.measured() or running.running:  # the first trial runs whatever the time: it says what a trial costs
+                # the first trial runs whatever the time: it says what a trial costs
+                if record.measured() or running.running:
                     fits = clock.can_launch(nxt.first_level_s, nxt.reserve_s)
                 else:
                     fits = clock.remaining() > 0
@@ -426,6 +458,7 @@ class Tuner:
         proposer, hooks = self.proposer, self.hooks
         record, job, trial, out = proposer.record, finished.tag.job, finished.tag.trial, finished.outcome
         if out is None:
+            assert finished.lost is not None  # no outcome: why the worker was lost
             record.requeue(record.trial(job.number), f"worker lost: {finished.lost}")
             hooks.trial_lost(job.number, finished.lost)
             return
@@ -453,10 +486,10 @@ class Tuner:
         hooks.trial_finished(job.number, out)
 
     def confirm(self, tokenizer) -> None:
-        """The head-to-head (`servetune.tuner.confirm`): is the pick better than vLLM's defaults at the pick's rate? Decided
-        by the defaults' own search where it failed at or below that rate, else by the defaults launched again and
-        measured there; stored in the study as its `confirmation`. A resumed study that measured nothing new keeps
-        the confirmation it has."""
+        """The head-to-head (`servetune.tuner.confirm`): is the pick better than vLLM's defaults at the pick's rate?
+        Decided by the defaults' own search where it failed at or below that rate, else by the defaults launched
+        again and measured there; stored in the study as its `confirmation`. A resumed study that measured nothing
+        new keeps the confirmation it has."""
         record, opts = self.proposer.record, self.proposer.opts
         measured = record.measured()
         trials = len(measured)
@@ -471,8 +504,10 @@ class Tuner:
         level = pick_level = missing = wall_s = None
         method = "head-to-head"
         if pick is not None:
-            pick_level = deciding_level(record.trial(pick.trial).outcome, pick.goodput_rate)
-            level = failed_at_or_below(record.trial(default.trial).outcome, pick.goodput_rate)
+            pick_out, default_out = record.trial(pick.trial).outcome, record.trial(default.trial).outcome
+            assert pick_out is not None and default_out is not None and pick.goodput_rate is not None  # measured rows
+            pick_level = deciding_level(pick_out, pick.goodput_rate)
+            level = failed_at_or_below(default_out, pick.goodput_rate)
             if level is not None:
                 method = "search"
             else:
@@ -488,6 +523,7 @@ class Tuner:
         """The defaults launched again and measured at the pick's rate, when that fits the time left (None: it
         does not, which `not_done` says)."""
         opts, plan = self.proposer.opts, self.proposer.plan
+        assert pick.goodput_rate is not None  # it beat the defaults' (`confirm`)
         if self.clock.remaining() < self.clock.launch_s() + STOP_S:  # the trial sizes its level to what is left
             need = self.next_trial().head_to_head_s(pick.goodput_rate)
             self.not_done.append(f"the head-to-head with the defaults (~{duration(need)}): the time limit came first")
@@ -525,13 +561,14 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     """The next trial's start (`NextTrial`) from the study's measured trials."""
     measured = [t for t in record.measured() if t.outcome.ok]
     per_s = requests_per_s(plan, 1.0)
-    incumbent = max((t for t in measured if t.outcome.goodput_rate), key=lambda t: t.outcome.goodput_rate,
+    incumbent = max((t for t in measured if t.outcome.goodput_rate), key=lambda t: t.outcome.goodput_rate or 0.0,
                     default=None)
     e2e = _latency(incumbent.outcome) if incumbent else Latency()
     capacities = [lv.metrics.duration for t in measured for lv in t.outcome.levels if lv.name == "capacity"]
     first = statistics.median(capacities) if capacities else GUESS_CAPACITY_S  # every trial's first level
     if incumbent is not None and plan.objective == Objective.GOODPUT:
         rate = incumbent.outcome.goodput_rate
+        assert rate is not None  # a rated trial's
         race = Race(rate, (incumbent.outcome.goodput_bracket or (rate, None))[1])
         first += level_seconds(plan, rate * per_s, e2e)
     else:
@@ -547,12 +584,13 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
                default=math.inf)
     keep = replace(cost, low=low, high=high)
     best = max((t for t in measured if t.number != default.number and t.outcome.goodput_rate),
-               key=lambda t: t.outcome.goodput_rate, default=None)
-    pick = best if best is not None and keep.applies(best.outcome.goodput_rate) else None  # the head-to-head's
+               key=lambda t: t.outcome.goodput_rate or 0.0, default=None)
+    pick = best if best is not None and keep.applies(best.outcome.goodput_rate or 0.0) else None  # the head-to-head's
     decided = record.confirmation
     if pick is None or (decided is not None and decided.pick is not None and decided.pick.trial == pick.number
                         and decided.head_to_head is not None):
         return replace(nxt, keep=keep)  # nothing waits for a head-to-head, or the one it waited for has run
+    assert pick.outcome.goodput_rate is not None  # a rated trial's
     return replace(nxt, reserve_s=nxt.head_to_head_s(pick.outcome.goodput_rate), keep=keep)
 
 

@@ -15,7 +15,7 @@ counts the rendered template.
 
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -47,7 +47,7 @@ def served_prompts(
     if endpoint == "completions":
         texts = [r.prompt for r in requests]
     else:
-        texts = [tokenizer.apply_chat_template(r.messages(), add_generation_prompt=True, tokenize=False)
+        texts = [cast(str, tokenizer.apply_chat_template(r.messages(), add_generation_prompt=True, tokenize=False))
                  for r in requests]
     ids = tokenizer(texts, add_special_tokens=endpoint == "completions", verbose=False).input_ids
     return [(len(tokens), len(text)) for tokens, text in zip(ids, texts)]

@@ -66,6 +66,7 @@ def build_requests(
     if spec.dataset is not None:
         return with_min_model_len(sample_dataset(spec.dataset, tokenizer, count, rng), tokenizer, spec.endpoint)
     texts = TextSampler(tokenizer, rng)
+    assert spec.input_len is not None and spec.output_len is not None  # required without a dataset or trace
     input_lens = spec.input_len.sample(rng, count)
     output_lens = spec.output_len.sample(rng, count)
     prefix_len = spec.prefix.length if spec.prefix else 0
@@ -95,7 +96,9 @@ def check_size(spec: WorkloadSpec, count: int) -> None:
         return
     if limit == MAX_REQUESTS:
         raise WorkloadError(f"{count:,} requests to build: at most {MAX_REQUESTS:,} in one run (every prompt is "
-                            "built before the first is sent, ~3,000 short ones a second on a 2-core CPU); split the run")
+                            "built before the first is sent, ~3,000 short ones a second on a 2-core CPU); "
+                            "split the run")
+    assert available is not None  # the limit came from it
     raise WorkloadError(
         f"{count:,} requests to build: about {_size(count * each)} in memory ({_size(each)} each), more than "
         f"{MEMORY_SHARE:.0%} of the {_size(available)} available; at most {limit:,} requests of this workload")
@@ -111,6 +114,7 @@ def request_bytes(spec: WorkloadSpec, count: int) -> int:
     elif spec.dataset is not None:
         prompt, output = 0.0, mean_output_tokens(spec.dataset)
     else:
+        assert spec.input_len is not None and spec.output_len is not None  # required without a dataset or trace
         prompt, output = spec.input_len.mean_len, spec.output_len.mean_len
         if spec.sessions is not None:
             prompt += output
@@ -129,7 +133,8 @@ def available_memory_bytes() -> int | None:
         except (OSError, ValueError, AttributeError):
             return None
     for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
         try:
             left = int(Path(limit).read_text()) - int(Path(usage).read_text())
         except (OSError, ValueError):  # no such cgroup file, or "max": no limit

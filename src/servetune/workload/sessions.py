@@ -28,6 +28,7 @@ def build_session_turns(
     messages, reply lengths and (`history: dataset`) reply texts. `prompt_len` is the rendered conversation.
     """
     sessions = spec.sessions
+    assert sessions is not None  # a session workload's turns (build_requests)
     conversations = _conversations(spec, tokenizer, texts, rng)
     turns: list[RequestSpec] = []
     for number in range(count):
@@ -48,10 +49,12 @@ def _conversations(
 ) -> Iterator[list[tuple[str, str, int]]]:
     """Endless (message, planned reply, reply tokens) conversations, from the dataset or synthetic lengths."""
     dataset = sample_conversations(spec.dataset, tokenizer, rng) if spec.dataset is not None else None
+    assert spec.sessions is not None  # a session workload's (build_session_turns)
     while True:
         k = int(spec.sessions.turns.sample(rng, 1)[0])
         if dataset is not None:
             yield next(dataset)[:k]
             continue
+        assert spec.input_len is not None and spec.output_len is not None  # required without a dataset
         inputs, outputs = spec.input_len.sample(rng, k).tolist(), spec.output_len.sample(rng, k).tolist()
         yield [(texts.exact(i), texts.exact(o), o) for i, o in zip(inputs, outputs)]

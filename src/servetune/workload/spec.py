@@ -2,7 +2,7 @@
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
@@ -49,6 +49,10 @@ class _Bounded(_Model):
 
     min: PositiveInt = 1
     max: PositiveInt | None = None
+
+    if TYPE_CHECKING:  # Normal's and LogNormal's field (Uniform has its own mean_len)
+        @property
+        def mean(self) -> float: ...
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:

@@ -60,7 +60,7 @@ class TextSampler:
         ends = [[end for _, end in offsets] for offsets in encodings["offset_mapping"]]
         boundary = list(lengths)
         out: list[str | None] = [None] * len(texts)
-        live = range(len(texts))
+        live: Sequence[int] = range(len(texts))
         for _ in range(4):
             live = [k for k in live if len(head_ids[k]) < boundary[k] <= len(ends[k])]
             if not live:

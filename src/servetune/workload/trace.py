@@ -18,11 +18,12 @@ come more than MAX_GAP_S after the one before it (a replay would wait that long)
 import csv
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from servetune.workload.request import RequestSpec
 from servetune.workload.spec import TraceSpec, WorkloadError
@@ -97,6 +98,7 @@ def read_trace(path: Path) -> tuple[TraceRow, ...]:
 @lru_cache(maxsize=2)
 def _read(path: Path, mtime_ns: int) -> tuple[TraceRow, ...]:
     with path.open(encoding="utf-8", newline="") as f:
+        lines: Iterable[tuple[int, Any]]  # (line number, a CSV row's dict or a JSON line)
         if path.suffix == ".csv":
             lines = enumerate(csv.DictReader(f), start=2)
         else:
@@ -144,12 +146,13 @@ def build_trace_requests(
             if block not in blocks:
                 blocks[block] = texts.random_ids(spec.block_tokens)
         head = [token for block in row.blocks for token in blocks[block]]
-        prompt = texts.exact(row.input_tokens - added, head=tokenizer.decode(head[: row.input_tokens - added - 1]))
+        text = cast(str, tokenizer.decode(head[: row.input_tokens - added - 1]))  # token ids in: a str out
+        prompt = texts.exact(row.input_tokens - added, head=text)
         requests.append(RequestSpec(prompt, row.input_tokens, row.output_tokens, arrival_s=row.arrival_s))
     return requests
 
 
-def trace_rate(requests: list[RequestSpec]) -> float | None:
+def trace_rate(requests: Sequence[RequestSpec]) -> float | None:
     """The mean arrival rate [req/s] of trace requests as recorded (speed-up 1); None when they are not from
     a trace or arrive all at once."""
     arrivals = [r.arrival_s for r in requests if r.arrival_s is not None]
