@@ -76,3 +76,16 @@ def test_a_candidate_that_lost_its_race_says_so_after_its_capacity_level():
         "race", 9.67, passed=False, reasons=["itl_p99_ms: 40 of 1400 gaps over 20 ms"])]})
     assert twice.describe() == ("lost the race: fail at 9.67 req/s, the best rate measured before it, run 2 times "
                                 "(itl_p99_ms: 40 of 1400 gaps over 20 ms); capacity 17.94 req/s")
+
+
+def test_a_rate_whose_level_was_undecided_is_not_called_not_passed():
+    """The H200 heavy-tailed tune said "not passed at 5.49" of a level whose tests were still open (p99 ITL 32 ms
+    of 35), a rate vLLM's own client then held: the line says what the level said."""
+    levels = [outcomes.level("capacity", float("inf"), passed=False),
+              outcomes.level("search", 6.46, verdict="undecided"), outcomes.level("search", 5.49, verdict="undecided"),
+              outcomes.level("search", 4.67)]
+    out = outcomes.ok(request_throughput=14.35, goodput_rate=4.67, goodput_bracket=(4.67, 5.49), levels=levels)
+    assert out.describe() == "goodput rate 4.67 req/s (undecided at 5.49); capacity 14.35 req/s"
+    failed_above = out.model_copy(update={"levels": [*levels[:2], outcomes.level("search", 5.49, passed=False),
+                                                      levels[3]]})
+    assert failed_above.describe() == "goodput rate 4.67 req/s (not passed at 5.49); capacity 14.35 req/s"
