@@ -1,4 +1,4 @@
-"""Memory and time within bounds whatever the input (issue 28, item 4): YAML whose aliases expand without end, or a
+"""Memory and time within bounds whatever the input: YAML whose aliases expand without end, or a
 file that never ends, is refused before anything is built from it (workload files, --reference-config, verify
 --config, --engine-arg values); an HTTP error's endless body is read up to a cap; a stream that goes on past its
 max_tokens without ending fails as `overrun` (tests/fake_server.py's faults)."""
@@ -99,7 +99,7 @@ def test_a_stream_that_goes_on_past_its_max_tokens_fails_as_overrun(fake, endpoi
 
 
 def test_an_engine_arg_config_file_is_read_within_bounds_and_its_values_checked_before_launch(tiny_model, tmp_path):
-    """Issue 37, item 2: `--engine-arg config=FILE` is read as --reference-config is (bombs and endless files
+    """`--engine-arg config=FILE` is read as --reference-config is (bombs and endless files
     refused, values checked), its flags launched as engine args under those given beside it; vLLM never reads it."""
     (tmp_path / "bomb.yaml").write_text(BOMB)
     args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path / "out",

@@ -192,7 +192,7 @@ def test_an_unwritable_json_path_is_refused_before_any_request(fake, tiny_model,
 
 @pytest.mark.parametrize("fake", [["--metrics", "<html>not Prometheus</html>"]], indirect=True)
 def test_a_metrics_page_that_is_not_prometheus_text_leaves_the_servers_counters_out(fake, tiny_model, tmp_path):
-    """Issue 37, item 9: a 200 /metrics that is not Prometheus text was a ValueError traceback; bench against an
+    """A 200 /metrics that is not Prometheus text was a ValueError traceback; bench against an
     OpenAI-compatible server that is not vLLM measures it all the same, without vLLM's counters."""
     url, requests = fake
     proc = subprocess.run(bench(url, tiny_model, tmp_path / "o.json"), capture_output=True, text=True, timeout=120)
@@ -202,7 +202,7 @@ def test_a_metrics_page_that_is_not_prometheus_text_leaves_the_servers_counters_
 
 
 def test_a_server_that_does_not_answer_tokenize_as_vllm_fails_the_trial_as_data(fake, tiny_model):
-    """Issue 37, item 9: a /tokenize answer without `max_model_len` (here the fake server's 404) was a KeyError
+    """A /tokenize answer without `max_model_len` (here the fake server's 404) was a KeyError
     traceback out of the trial; it is the trial's failure, saying what the server answered."""
     from servetune.trial.server import preflight
     from servetune.workload import WorkloadSpec, build_requests, load_tokenizer

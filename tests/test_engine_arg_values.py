@@ -1,4 +1,4 @@
-"""Engine-arg values checked from the knob declarations (issue 28, item 6): a value of the wrong kind given with
+"""Engine-arg values checked from the knob declarations: a value of the wrong kind given with
 --engine-arg or in a --reference-config is one line naming it and what it takes, before vLLM is probed or launched;
 vLLM's readable counts (8k, 8K) are read as vLLM reads them."""
 
@@ -89,7 +89,7 @@ def test_a_bad_engine_arg_is_one_line_before_anything_is_probed_or_launched(tiny
     ("headless=true", "headless: servetune measures vLLM's API server"),
 ])
 def test_servetunes_own_engine_args_are_refused_naming_what_to_use_instead(tiny_model, tmp_path, given, instead):
-    """Issue 37, item 3: an engine arg that would override how servetune launches and reaches its server (vLLM keeps
+    """An engine arg that would override how servetune launches and reaches its server (vLLM keeps
     the last of a repeated flag) is one line naming the option to use instead; in a config file too."""
     args = TuneArgs(model=str(tiny_model), workload=ROOT / "examples" / "chat.yaml", out=tmp_path / "out",
                     slo=["tpot_p99_ms=50"], engine_arg=[given])

@@ -140,7 +140,7 @@ def test_an_interrupt_while_the_server_starts_stops_it_before_servetune_exits(ti
 
 @pytest.mark.parametrize("end", ["stop", "sigkill"])
 def test_a_launch_leaves_nothing_in_the_temporary_directory(tiny_model, tmp_path, end):
-    """Issue 37, also seen: each launch left a vllm_dist_* file (vLLM's distributed file store) in the temporary
+    """Each launch left a vllm_dist_* file (vLLM's distributed file store) in the temporary
     directory. The server's own temporary directory is one of its own, gone with it: once stopped, or once its guard
     has stopped it after servetune was killed. torch's compile cache stays where it was (its own setting here)."""
     shared = Path(tempfile.mkdtemp(prefix="t-"))  # short: vLLM's IPC socket paths in it are at most 107 bytes

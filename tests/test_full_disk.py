@@ -1,4 +1,4 @@
-"""Every write checked where it can fail (issue 28, item 5). A disk that is full already (a filled tmpfs; where mounting
+"""Every write checked where it can fail. A disk that is full already (a filled tmpfs; where mounting
 is not permitted, writes failed by RLIMIT_FSIZE) is refused before any request or launch, and nothing is left; one
 that fills during the work is said in one line, exit 1, with the results kept where the line says: bench's in the
 temporary directory, a tune's in its study; no lock file left."""
@@ -189,7 +189,7 @@ class RecordsUnwritable(StandIn):
 
 def test_a_disk_that_fills_during_a_trial_is_one_line_and_summary_json_says_what_was_kept(tiny_model, tmp_path,
                                                                                          monkeypatch, capsys):
-    """Issue 37, item 4: no OSError traceback, exit 1; summary.json is no longer `running`: it says the tune stopped
+    """No OSError traceback, exit 1; summary.json is no longer `running`: it says the tune stopped
     there, and keeps the trial measured before."""
     out = tmp_path / "out"
     monkeypatch.setattr("servetune.tuner.loop.make_executor", lambda *args: RecordsUnwritable({0: 5.0}, out))
@@ -249,7 +249,7 @@ def test_a_disk_that_fills_during_a_trial_still_gets_summary_json_saying_so(tiny
 
 def test_records_that_go_to_the_temporary_directory_are_the_users_alone_and_named_in_the_json(fake, tiny_model,
                                                                                                tmp_path, monkeypatch):
-    """Issue 37, also seen: bench's fallback records went to /tmp/servetune-PID-*.records.jsonl at 0644 (another
+    """`servetune bench`'s fallback records went to /tmp/servetune-PID-*.records.jsonl at 0644 (another
     user could read them), and its JSON did not say where they were."""
     from servetune.loadgen import LoadResult
 

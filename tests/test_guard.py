@@ -78,7 +78,7 @@ def test_a_guard_whose_starter_died_before_it_was_up_runs_nothing(tmp_path):
 
 
 def test_a_server_stopped_while_an_interrupt_unwinds_gets_the_short_grace(tmp_path, monkeypatch):
-    """Issue 37, also seen: servetune took 5.6 s (tune) and 9-14 s (verify) to exit after SIGTERM, a vLLM that is
+    """servetune took 5.6 s (tune) and 9-14 s (verify) to exit after SIGTERM, a vLLM that is
     still starting up waiting out the whole grace before its KILL; stopped by an interrupt, a server gets
     STOP_GRACE_S, so that servetune exits within a supervisor's 5 s."""
     from servetune.interrupt import Interrupted

@@ -1,4 +1,4 @@
-"""The messages and leftovers of issue 28 (item 8): a refused resume shows where the values differ, however long
+"""The messages and leftovers a user sees: a refused resume shows where the values differ, however long
 they are; a refused --resume on a missing --out leaves no directory; a second bench on one --json is refused and
 the first's files are kept."""
 
@@ -76,7 +76,7 @@ def test_a_second_bench_on_one_json_is_refused_and_the_first_is_kept(tiny_model,
 
 
 def test_control_characters_in_what_is_printed_are_escaped(tmp_path):
-    """Issue 37, item 10: an --out holding ESC and a newline reached the terminal as they were (a colour change, a
+    """An --out holding ESC and a newline reached the terminal as they were (a colour change, a
     line of the user's making); every printed line shows them escaped, one line each."""
     odd = tmp_path / "a\x1b[31mred\nerror: fake\x9b"
     wide = os.environ | {"COLUMNS": "500"}  # no line wrapped at the console's width

@@ -90,7 +90,7 @@ def test_no_function_takes_more_than_eight_parameters():
 @pytest.mark.parametrize(("slo", "what"), [("tpot_p99_ms=50", "TPOT"), ("itl_p99_ms=50", "ITL")])
 def test_a_latency_the_workloads_replies_cannot_show_is_refused_with_the_least_reply_that_can(tiny_model, tmp_path,
                                                                                               slo, what):
-    """Issue 37, item 7: with 1-token replies no request has a TPOT or an inter-token gap: every level was "0 of 0
+    """With 1-token replies no request has a TPOT or an inter-token gap: every level was "0 of 0
     requests", p99 TPOT shown 0.0, exit 0 with no rate."""
     (tmp_path / "w.yaml").write_text("num_requests: 50\ninput_len: {type: fixed, value: 32}\n"
                                      "output_len: {type: fixed, value: 1}\n")
@@ -107,7 +107,7 @@ def test_a_latency_the_workloads_replies_cannot_show_is_refused_with_the_least_r
 
 
 def test_a_level_size_that_could_never_decide_an_itl_slo_is_refused_with_the_least_that_can(tiny_model, tmp_path):
-    """Issue 37, item 7: `--level-requests 1` with an ITL SLO was accepted: a level rests on at least
+    """`--level-requests 1` with an ITL SLO was accepted: a level rests on at least
     --min-level-requests requests, and on enough of their gaps."""
     args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path / "out",
                     slo=["itl_p99_ms=25"], level_requests=1)
@@ -134,7 +134,7 @@ def test_a_level_size_that_could_never_decide_an_itl_slo_is_refused_with_the_lea
              "before minutes before seconds)"),
 ])
 def test_a_time_limit_that_cannot_hold_a_launch_or_repeats_a_unit_is_refused(tiny_model, tmp_path, given, message):
-    """Issue 37, item 8: `0.5s` ran 29 s and said "29s of 29s"; `5m5m` was read as 10 minutes; `99999999999999h`
+    """`0.5s` ran 29 s and said "29s of 29s"; `5m5m` was read as 10 minutes; `99999999999999h`
     was taken. The demo's own limit is held to the same least."""
     args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path / "out",
                     slo=["tpot_p99_ms=25"], time_limit=given)

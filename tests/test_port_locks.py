@@ -38,7 +38,7 @@ def test_a_released_port_leaves_no_lock_file_and_the_directory_is_this_users_alo
 
 
 def test_a_lock_directory_a_neighbour_planted_as_a_symlink_is_never_followed(tmp_path, shared_tmp):
-    """Issue 37, item 1: `ln -s VICTIM TMPDIR/servetune-port-locks` (and the new name too); a reservation neither
+    """`ln -s VICTIM TMPDIR/servetune-port-locks` (and the new name too); a reservation neither
     makes nor removes a file in VICTIM (its unheld `db.lock` stays)."""
     victim = tmp_path / "victim"
     victim.mkdir()

@@ -1,4 +1,4 @@
-"""No password printed or written (issue 28, item 2): a storage URL is shown as SQLAlchemy's URL renders it with the
+"""No password printed or written: a storage URL is shown as SQLAlchemy's URL renders it with the
 password hidden, whatever the password holds (`/`, `@`, `:`, spaces, %-escapes), and the password is hidden in any
 other text too; a tune of a real PostgreSQL study with such a password leaves it in no output, and the CLI prints it
 nowhere."""

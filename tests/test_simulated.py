@@ -110,7 +110,7 @@ def test_any_scenario_ends_with_an_answer(tiny_model, seed, limit_s, budget, fai
     assert tune["used"] <= 1.0 + 60 / limit_s  # a level or a launch may end at most a stop's time past it
 
 
-def test_the_two_tunes_that_crashed_now_end_with_an_answer(tiny_model):
+def test_a_slow_cold_demo_and_a_heavy_tailed_gpu_tune_end_with_an_answer(tiny_model):
     """The fresh-clone demo on a slow VM (a cold first launch of 108 s, capacity under 1 req/s) and the held-out
     heavy-tailed workload on one H200 (p99 TTFT <= 1.5 s and p99 ITL <= 35 ms, budget 4, 14 minutes), each of which
     ended in a traceback with no answer: now an answer, and the limit used (or what is left holds no trial)."""

@@ -1,4 +1,4 @@
-"""One tuner per study, whatever the storage and the --out (issue 28, items 1 and 5): a second tuner of a study that
+"""One tuner per study, whatever the storage and the --out: a second tuner of a study that
 another is tuning is refused, naming the holder, before it touches the study, and the first loses nothing: SQLite
 through two --out directories, PostgreSQL (a real server, on loopback only), another server's storage (on this host);
 two studies in one --out; a lock that cannot be written (a full disk) is one line and leaves no file."""
@@ -142,7 +142,7 @@ def test_on_a_full_disk_the_lock_is_refused_and_no_file_is_left(full_disk):
 
 
 def test_the_lock_of_another_servers_study_is_never_made_through_a_planted_symlink(tmp_path, monkeypatch):
-    """Issue 37, item 1: the study-lock directory of a non-SQLite, non-PostgreSQL study in TMPDIR, planted by a
+    """The study-lock directory of a non-SQLite, non-PostgreSQL study in TMPDIR, planted by a
     neighbour as a symlink to a directory of theirs, is not followed: the tune's lock lies in this user's own."""
     import tempfile
 

@@ -171,7 +171,7 @@ def test_real_server_replays_a_trace(vllm_server, tiny_model, tokenizer):
 
 @pytest.mark.parametrize(("stamp", "shown"), [("1e300", "1e+300"), ("100000000", "100,000,000")])
 def test_an_arrival_more_than_a_day_after_the_one_before_is_refused_naming_its_line(tmp_path, stamp, shown):
-    """Issue 37, item 5: a timestamp of 1e300 overflowed the replay's schedule (OverflowError); one of 1e8 s made
+    """A timestamp of 1e300 overflowed the replay's schedule (OverflowError); one of 1e8 s made
     bench wait three years for it."""
     path = tmp_path / "t.csv"
     path.write_text(f"timestamp,input_tokens,output_tokens\n0,10,4\n{stamp},10,4\n0,10,4\n")

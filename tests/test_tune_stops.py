@@ -90,7 +90,7 @@ def summary_of(tmp_path) -> dict:
 def test_durations_read_as_a_person_writes_them():
     assert parse_duration("25m") == 1500 and parse_duration("1h30m") == 5400 and parse_duration("90") == 90
     assert parse_duration("1h5s") == 3605 and parse_duration("2.5m") == 150
-    for bad in ("soon", "0m", "-5m", "5 minutes", "5m5m", "30s5m", "1h2h"):  # issue 37, item 8: each unit once
+    for bad in ("soon", "0m", "-5m", "5 minutes", "5m5m", "30s5m", "1h2h"):  # each unit once
         with pytest.raises(ValueError):
             parse_duration(bad)
 
@@ -299,7 +299,7 @@ def test_the_cli_says_a_lost_worker_in_one_line(monkeypatch, capsys):
 
 
 def test_a_resume_with_other_settings_is_refused_before_any_prompt_is_built(tiny_model, tmp_path, monkeypatch):
-    """Issue 37, item 6: the options that define the study are compared once its lock is taken, before the
+    """The options that define the study are compared once its lock is taken, before the
     tokenizer is loaded (it took 112 s of prompts before); with the same options a resume goes on to its prompts."""
 
     class PromptsBuilt(Exception):
@@ -324,7 +324,7 @@ def test_a_resume_with_other_settings_is_refused_before_any_prompt_is_built(tiny
 
 def test_a_stop_before_a_resumed_tune_began_says_the_outputs_state_as_they_are(tiny_model, tmp_path, monkeypatch,
                                                                                capsys):
-    """Issue 37, item 6: a SIGTERM while a --resume builds its prompts printed "state: interrupted" while
+    """A SIGTERM while a --resume builds its prompts printed "state: interrupted" while
     summary.json, untouched, still said complete: the line now says the state the outputs have."""
     import signal
 

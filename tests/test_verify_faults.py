@@ -1,4 +1,4 @@
-"""`servetune verify` against faults (issue 28, item 7): it writes its JSON as it goes, servetune's client first, and
+"""`servetune verify` against faults: it writes its JSON as it goes, servetune's client first, and
 on a stop (SIGTERM, or SIGINT with SIGINT ignored by its parent) marks it interrupted with what was measured; it
 refuses a tune that holds no rate in one line saying so, and says when the tune it reads was interrupted or is still
 running. tests/fake_engine.py stands in for vLLM."""

@@ -1,4 +1,4 @@
-"""`servetune verify` with the server as arbiter (issue 36, item 9): the server's own latency histograms over each
+"""`servetune verify` with the server as arbiter: the server's own latency histograms over each
 client's run beside that client's numbers, in the JSON and the console, and per SLO which client's p99 the server
 bears out. tests/fake_engine.py stands in for vLLM, and for vLLM's client one whose clock starts a second early."""
 
