@@ -89,3 +89,7 @@ def test_a_rate_whose_level_was_undecided_is_not_called_not_passed():
     failed_above = out.model_copy(update={"levels": [*levels[:2], outcomes.level("search", 5.49, passed=False),
                                                       levels[3]]})
     assert failed_above.describe() == "goodput rate 4.67 req/s (not passed at 5.49); capacity 14.35 req/s"
+    # the report's table says the same (its row carries the levels)
+    assert outcomes.row(0, levels=levels, goodput_bracket=[4.67, 5.49]).said_above == "undecided"
+    assert outcomes.row(0, levels=failed_above.levels, goodput_bracket=[4.67, 5.49]).said_above == "not passed"
+    assert outcomes.row(0, levels=levels, goodput_bracket=[4.67, None]).said_above is None  # every rate passed

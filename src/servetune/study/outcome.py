@@ -80,6 +80,13 @@ def headline_level(levels: list[LevelOutcome]) -> LevelOutcome | None:
     return level if level is not None and level.metrics.completed else None
 
 
+def said_at(levels: list[LevelOutcome], rate: float) -> str:
+    """What a trial's levels said of `rate`, the upper end of its goodput bracket: "undecided" where its tests were
+    still open (the server may hold it: the level was too short to tell), else "not passed"."""
+    at = [lv for lv in levels if lv.rate == rate and lv.name != LevelName.CAPACITY]
+    return "undecided" if at and all(lv.verdict == Decision.UNDECIDED for lv in at) else "not passed"
+
+
 class TrialOutcome(_Frozen):
     """What a trial measured, or why it could not."""
 
@@ -125,7 +132,7 @@ class TrialOutcome(_Frozen):
         if self.goodput_rate:
             assert self.goodput_bracket is not None  # set with the rate
             low, high = self.goodput_bracket
-            upper = f"{self._above(high)} at {high:.2f}" if high is not None else "every rate measured passed"
+            upper = f"{said_at(self.levels, high)} at {high:.2f}" if high is not None else "every rate measured passed"
             text = f"goodput rate {low:.2f} {unit} ({upper}); {capacity}"
         elif race is not None:
             text = (f"lost the race: {race.verdict} at {race.rate:.2f} {unit}, the best rate measured before it"
@@ -138,12 +145,6 @@ class TrialOutcome(_Frozen):
         else:
             text = f"no rate measured; {capacity}" if self.levels else "no level measured"
         return text + (f"; cut short ({self.cut_short})" if self.cut_short else "")
-
-    def _above(self, high: float) -> str:
-        """What the level at the bracket's upper rate said: "undecided" where its tests were still open (the
-        server may hold it: the level was too short to tell), else "not passed"."""
-        at = [lv for lv in self.levels if lv.rate == high and lv.name != LevelName.CAPACITY]
-        return "undecided" if at and all(lv.verdict == Decision.UNDECIDED for lv in at) else "not passed"
 
     @classmethod
     def failed(cls, config: dict[str, Any], failure: Failure, **facts: Any) -> "TrialOutcome":

@@ -18,7 +18,7 @@ from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
 from servetune.measure.slo import Objective, headline_latencies
-from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level
+from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level, said_at
 from servetune.study.record import (
     HeadToHead,
     Progress,
@@ -75,6 +75,12 @@ class TrialRow(_Frozen):
     def headline_level(self) -> LevelOutcome | None:
         """The level its p99s come from (`outcome.headline_level`)."""
         return headline_level(self.levels)
+
+    @property
+    def said_above(self) -> str | None:
+        """What its levels said of the upper end of its goodput bracket (`outcome.said_at`); None without one."""
+        high = self.goodput_bracket[1] if self.goodput_bracket else None
+        return said_at(self.levels, high) if high is not None else None
 
 
 def trial_row(t: RecordedTrial, slo: Mapping[str, float], out_dir: Path | None = None) -> TrialRow:
