@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from servetune.measure.verdict import Decision
-from servetune.timelimit import LevelBudget
+from servetune.timelimit import Keep, LevelBudget
 from servetune.trial.hooks import Hooks
-from servetune.trial.run import LevelName, LevelOptions, Levels, Race, TrialPlan
+from servetune.trial.run import Latency, LevelName, LevelOptions, Levels, Race, TrialPlan
 from servetune.trial.server import VllmServer
-from servetune.workload import WorkloadSpec, build_requests, load_tokenizer
+from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32},
             "output_len": {"type": "fixed", "value": 8}}
@@ -102,3 +102,21 @@ def test_a_race_failed_early_and_narrowly_is_run_once_more(bursts):
         assert 7.5 < search.goodput_rate <= 8.0
     else:  # twice: dropped, after the two
         assert search.goodput_rate is None and len(trial.levels) == 3
+
+
+def test_a_level_whose_pass_would_need_the_head_to_head_leaves_it_its_time():
+    """A candidate's level at a rate that would beat vLLM's defaults (at or above their lowest rate not passed,
+    below any their own search failed at) ends before the head-to-head's time: a pass there needs its confirmation.
+    Below the defaults' rate, and above their failure, the level may use the time up to the deadline."""
+    keep = Keep(low=5.0, high=8.0, launch_s=30.0, requests=300, drain_s=5.0)  # 102.5 s at 6 req/s
+    spec = WorkloadSpec.model_validate(WORKLOAD)
+    plan = TrialPlan("m", spec, {"ttft_p99_ms": 1000}, "goodput", [[RequestSpec("x", 32, 8)] * 50],
+                     LevelOptions(requests=300, min_requests=10))
+    trial = Levels(plan, SimpleNamespace(alive=lambda: True), None, LevelBudget(deadline=time.time() + 150, keep=keep),
+                   time, Hooks())
+    trial.levels = [SimpleNamespace(rate=4.0, passed=True, verdict=Decision.PASS)]
+    e2e = Latency(p99_s=1.0, mean_s=0.5)
+    assert trial._window_requests(LevelName.SEARCH, 4.5, 4.5, e2e, False) is not None
+    assert trial._window_requests(LevelName.SEARCH, 9.0, 9.0, e2e, False) is not None
+    assert trial._window_requests(LevelName.SEARCH, 6.0, 6.0, e2e, True) is None
+    assert trial.cut is not None and "left" in trial.cut

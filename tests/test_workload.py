@@ -13,6 +13,7 @@ from servetune.tinymodel import write_tiny_model
 from servetune.workload import (
     DatasetSpec,
     LengthDistribution,
+    MorePrompts,
     WorkloadError,
     WorkloadSpec,
     build_requests,
@@ -343,3 +344,22 @@ def test_bad_dataset_files(tmp_path, tiny_tokenizer, name, format, text, message
         build_requests(dataset_spec(path, format), tiny_tokenizer)
     assert str(error.value).startswith(f"{tmp_path}/{message}"), str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_more_prompts_are_fresh_fit_the_pool_and_travel_with_a_trial(tmp_path_factory):
+    """A level that needs more prompts than the pool holds gets fresh ones of the same workload (level k of every
+    trial the same), never longer than the pool's longest request (the configs' max-model-len is fitted to it),
+    built in whatever process runs the trial from the tokenizer's path."""
+    import pickle
+
+    model = write_tiny_model(tmp_path_factory.mktemp("tiny"))
+    spec = WorkloadSpec.model_validate({"num_requests": 50, "output_len": {"type": "fixed", "value": 8},
+                                        "input_len": {"type": "lognormal", "mean": 200, "std": 300, "min": 16,
+                                                      "max": 2000}})
+    pool = build_requests(spec, load_tokenizer(model), seed=1, count=50)
+    longest = sorted(r.min_model_len for r in pool)[-5]  # a tail the pool's longest few go past
+    more = pickle.loads(pickle.dumps(MorePrompts(spec, str(model), seed=2, longest=longest)))
+    fresh = more(300, 3)
+    assert len(fresh) == 300 and all(r.min_model_len <= longest for r in fresh)
+    assert {r.prompt for r in fresh}.isdisjoint(r.prompt for r in pool)
+    assert more(300, 3) == fresh and more(300, 4) != fresh

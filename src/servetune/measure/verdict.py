@@ -61,6 +61,7 @@ QUANTILE = 0.99  # the SLOs are p99s
 CONFIDENCE = 0.95
 ITL_LOOK_STEP = 1.25  # ITL looks at min_requests x 1.25^k requests
 RAMP_SAMPLE = 20  # the first requests sent: their end-to-end latency sets how long a level takes to fill up
+MAX_LOOKS = 1000  # a request-level fail side looks after each request up to this many, then every cap / this
 CAP_STEP = 50  # levels' caps are rounded up to this for their fail boundaries (`boundaries`)
 ITL_WINDOW_S = 1.0  # s: a pass clusters ITL gaps by the window they end in, longer than most bursts of slow steps
 FIRST_FAIL_LOOK = 10  # counted requests before the fail side looks: a level most of whose requests are over ends here
@@ -110,19 +111,11 @@ def clopper_pearson(over: int, n: int, confidence: float) -> tuple[float, float]
     return low, high
 
 
-def _pmf_table(n_max: int, k_max: int, p: float) -> np.ndarray:
-    """pmf[n, k] = P(Binomial(n, p) = k) for n <= n_max, k <= k_max."""
-    pmf = np.zeros((n_max + 1, k_max + 1))
-    pmf[0, 0] = 1.0
-    for n in range(1, n_max + 1):
-        pmf[n, 0] = pmf[n - 1, 0] * (1 - p)
-        pmf[n, 1:] = pmf[n - 1, 1:] * (1 - p) + pmf[n - 1, :-1] * p
-    return pmf
-
-
 class Boundaries:
     """The fail side of the test of one request-level p99 SLO, looking after every counted request from `first`
-    to `cap`: fail at n requests counted when at least `fail_min[n]` are over the bound.
+    to `cap` (a level of more than MAX_LOOKS requests: after every `step`-th and at `cap`): fail at n requests
+    counted when at least `fail_min[n]` are over the bound. Between two looks, n is held to the next look's boundary,
+    which a count that reaches it has reached by that look too: the looks' error is the test's.
 
     Each boundary is a Clopper-Pearson bound at a per-look confidence (`fail_confidence`) chosen so that over
     all the looks together a fraction over of exactly 1 - QUANTILE fails with probability at most `alpha`; a
@@ -131,31 +124,44 @@ class Boundaries:
 
     def __init__(self, first: int, cap: int, alpha: float, quantile: float = QUANTILE):
         self.first, self.cap, self.p = first, cap, 1 - quantile
-        k_max = max(8, int(cap * self.p * 4 + 30))
-        self._cdf = np.cumsum(_pmf_table(cap, k_max, self.p), axis=1)  # P(X <= k) at p
+        self.step = max(1, math.ceil(cap / MAX_LOOKS))
+        self.looks = np.unique(np.append(np.arange(self.step, cap + 1, self.step), cap))
+        self.k_max = max(8, int(cap * self.p * 4 + 30))
+        self._tail = stats.binom.sf(np.arange(self.k_max + 1)[None, :] - 1, self.looks[:, None], self.p)  # P(X >= k)
         self.fail_confidence = 1 - _solve_alpha(lambda a: self._fail_error(self._fail_min(a)), alpha)
         self.fail_min = self._fail_min(1 - self.fail_confidence)
 
     def _fail_min(self, alpha: float) -> np.ndarray:
-        """Smallest k with P(X >= k) <= alpha at each n (lower bound above 1 - quantile)."""
-        k_max = self._cdf.shape[1] - 1
-        tail = 1 - np.concatenate([np.zeros((self._cdf.shape[0], 1)), self._cdf[:, :-1]], axis=1)  # P(X >= k)
-        table = np.where((tail <= alpha).any(axis=1), np.argmax(tail <= alpha, axis=1), k_max + 1)
-        table[: self.first] = k_max + 1
+        """At each n: the smallest k with P(X >= k) <= alpha at the next look (lower bound above 1 - quantile)."""
+        below = self._tail <= alpha
+        at_looks = np.where(below.any(axis=1), np.argmax(below, axis=1), self.k_max + 1)
+        table = at_looks[np.minimum(np.searchsorted(self.looks, np.arange(self.cap + 1)), len(self.looks) - 1)]
+        table[: self.first] = self.k_max + 1
         return table
 
     def _fail_error(self, fail_min: np.ndarray) -> float:
-        """P(the count ever reaches fail_min) at p, over n = 1..cap (counts past the table fail at once)."""
-        alive = np.zeros(self._cdf.shape[1] + 1)
-        alive[0], total = 1.0, 0.0
-        for n in range(1, self.cap + 1):
-            alive = np.concatenate([[alive[0] * (1 - self.p)], alive[1:] * (1 - self.p) + alive[:-1] * self.p])
-            total += alive[fail_min[n]:].sum()
-            alive[fail_min[n]:] = 0.0
+        """P(the count ever reaches fail_min) at p, over the looks (counts past the table fail at once)."""
+        looked = fail_min[self.looks[self.looks >= self.first]]
+        width = min(self.k_max + 2, int(looked.max(initial=self.k_max + 1)) + 1)  # a count past every boundary fails
+        alive = np.zeros(width)
+        alive[0], total, before = 1.0, 0.0, 0
+        for n, k in zip(self.looks, fail_min[self.looks]):
+            grown = np.convolve(alive, _binomial_pmf(int(n) - before, self.p))
+            before = int(n)
+            alive = grown[:width]
+            total += grown[width:].sum() + alive[k:].sum()
+            alive[k:] = 0.0
         return total
 
     def fails(self, over: int, n: int) -> bool:
         return over >= self.fail_min[min(n, self.cap)]
+
+
+@lru_cache(maxsize=64)
+def _binomial_pmf(n: int, p: float) -> np.ndarray:
+    """P(Binomial(n, p) = k) for k = 0, 1, ... while it is not negligible."""
+    pmf = stats.binom.pmf(np.arange(n + 1), n, p)
+    return pmf[: int(np.flatnonzero(pmf > 1e-18).max()) + 1]
 
 
 def passes(over: int, n: int, confidence: float, quantile: float = QUANTILE) -> bool:
@@ -269,10 +275,14 @@ class LevelTest:
     A window that ends undecided while every open test's point estimate is within its bound (a p99 that hugs its
     bound: only more requests can show it) is extended, once, to `longest_ns` where that is longer. The pass side
     then looks twice, at the end of each window, each look at half the error (Bonferroni): 0 over of 368 requests
-    is the least that passes at 95% so, where one look passes 0 of 299."""
+    is the least that passes at 95% so, where one look passes 0 of 299. `horizon` (the level's timed requests, at
+    least its longest window's) has the fail side's boundaries computed before the level sends anything: for a
+    window of tens of thousands of requests that takes a second or more, which the client must not spend while
+    its arrivals are due."""
 
     def __init__(self, slo: Mapping[str, float], first: int, due_ns: Sequence[int], window_ns: int | None = None,
-                 fill_ns: int = 0, first_index: int = 0, confidence: float = CONFIDENCE, longest_ns: int | None = None):
+                 fill_ns: int = 0, first_index: int = 0, confidence: float = CONFIDENCE, longest_ns: int | None = None,
+                 horizon: int | None = None):
         self.slo, self.first = dict(slo), first
         self.due_ns, self.window_ns, self.min_fill_ns = list(due_ns), window_ns, fill_ns
         self.extendable = window_ns is not None and longest_ns is not None and longest_ns > window_ns
@@ -281,6 +291,8 @@ class LevelTest:
         self._fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
         self.extended = False
         self.bounds: Boundaries | None = None  # the request-level fail side, once the window's size is known
+        if horizon is not None and any(latency(name).per_request is not None for name in slo):
+            self.bounds = boundaries(min(FIRST_FAIL_LOOK, first), horizon, self._fail_alpha)  # before any is sent
         self.looks: list[int] = []
         self.itl_fail_confidence = 1 - self._fail_alpha
         self._waiting: dict[int, RequestRecord] = {}
@@ -345,7 +357,7 @@ class LevelTest:
         cap = max(1, len(self._window(self.longest_ns)))
         first_fail = min(FIRST_FAIL_LOOK, self.first)
         per_gap = [name for name in self.slo if latency(name).per_request is None]
-        if len(per_gap) < len(self.slo):
+        if len(per_gap) < len(self.slo) and (self.bounds is None or self.bounds.cap < cap):
             self.bounds = boundaries(first_fail, cap, self._fail_alpha)
         self.looks = itl_looks(first_fail, cap) if per_gap else []
         self.itl_fail_confidence = 1 - self._fail_alpha / (len(self.looks) + 1)  # the looks and the one at the end

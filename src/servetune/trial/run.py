@@ -99,6 +99,7 @@ class TrialPlan:
     engine_env: dict[str, str] = field(default_factory=dict)
     fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # a head-to-head: (rate, seed) each
     race: "Race | None" = None  # a candidate's start
+    more: Callable[[int, int], list[RequestSpec]] | None = None  # (count, level): prompts past the pool
 
 
 @dataclass(frozen=True)
@@ -205,15 +206,24 @@ class CapacityBox:
     def __init__(self, opens_after: int):
         self.opens_after = opens_after
         self.opened_ns: int | None = None
+        self._seen = 0  # records looked at (each once: a closed loop's level has thousands)
+        self._ends: list[int] = []  # the finished requests' ends, until the window opens
+        self._after = 0  # requests that finished after it opened
+        self._now_ns = 0  # the load generator's clock now, as far as the records tell: the latest end
 
-    def closed(self, finished: Sequence[RequestRecord], now_ns: int) -> bool:
-        ok = [r for r in finished if r.ok]
+    def closed(self, finished: Sequence[RequestRecord]) -> bool:
+        for r in finished[self._seen:]:
+            self._now_ns = max(self._now_ns, r.end_ns)
+            if r.ok:
+                self._ends.append(r.end_ns)
+                self._after += self.opened_ns is not None and r.end_ns > self.opened_ns
+        self._seen = len(finished)
         if self.opened_ns is None:
-            if len(ok) < self.opens_after:
+            if len(self._ends) < self.opens_after:
                 return False
-            self.opened_ns = sorted(r.end_ns for r in ok)[self.opens_after - 1]
-        after = sum(r.end_ns > self.opened_ns for r in ok)
-        return now_ns - self.opened_ns >= CAPACITY_S * 1e9 and after >= CAPACITY_MIN_FINISHED
+            self.opened_ns = sorted(self._ends)[self.opens_after - 1]
+            self._after = sum(end > self.opened_ns for end in self._ends)
+        return self._now_ns - self.opened_ns >= CAPACITY_S * 1e9 and self._after >= CAPACITY_MIN_FINISHED
 
 
 class LevelStop:
@@ -242,14 +252,9 @@ class LevelStop:
             self.why = "saturated"
         elif self.deadline is not None and now >= self.deadline:
             self.why = "time limit"
-        elif self.box is not None and self.box.closed(finished, _now_ns(finished)):
+        elif self.box is not None and self.box.closed(finished):
             self.why = "measured"
         return self.why is not None or self.complete
-
-
-def _now_ns(finished: Sequence[RequestRecord]) -> int:
-    """The load generator's clock now, as far as the records tell: the latest end among them (`perf_counter_ns`)."""
-    return max((r.end_ns for r in finished), default=0)
 
 
 def capacity(records: Sequence[RequestRecord], opened_ns: int | None, mean_output: float) -> float | None:
@@ -396,12 +401,14 @@ class Levels:
             self._tell(search, level)
         return search
 
-    def end(self) -> float:
-        """When this trial's levels must be done (`LevelBudget.end`; inf without a budget)."""
+    def end(self, rate: float | None = None) -> float:
+        """When this trial's levels must be done (`LevelBudget.end`; inf without a budget); with the `rate` of the
+        level about to start counted as passed: a level whose pass would make the head-to-head needed leaves it its
+        time (a candidate that beats the defaults with the head-to-head's time spent wins nothing it can show)."""
         if self.budget is None:
             return math.inf
-        return self.budget.end([lv.rate for lv in self.levels if lv.passed and math.isfinite(lv.rate)],
-                               requests_per_s(self.plan, 1.0))
+        passed = [lv.rate for lv in self.levels if lv.passed and math.isfinite(lv.rate)]
+        return self.budget.end(passed + ([rate] if rate is not None else []), requests_per_s(self.plan, 1.0))
 
     def latency(self) -> Latency:
         """What the next level's requests take end to end (`Latency`): as the last level at a finite rate measured
@@ -420,6 +427,16 @@ class Levels:
         at = (index * 7919) % len(pool)
         return pool[at:] + pool[:at]
 
+    def _enough(self, requests: list[RequestSpec], count: int, index: int) -> list[RequestSpec]:
+        """Level `index`'s requests, `count` of them where the pool holds fewer and the plan builds more (`more`):
+        a level whose arrivals stopped before its window was over would pass on a draining queue. Sessions and
+        traces send their pool as it is."""
+        more = self.plan.more
+        if count <= len(requests) or more is None or len(self.plan.level_sets) > 1 or self.plan.workload.sessions \
+                or self.plan.workload.trace:
+            return requests
+        return requests + more(count - len(requests), index)
+
     def run(self, name: LevelName, rate: float, warmup: int = 0, seed: int | None = None,
             decisive: bool = False) -> LevelOutcome | None:
         """Send one level and keep its outcome; None (and `cut` set) when it could not reach a verdict before the
@@ -435,6 +452,7 @@ class Levels:
         if sized is None:
             return None
         window_s, longest_s = sized[0] / per_s, sized[1] / per_s
+        requests = self._enough(requests, warmup + math.ceil(per_s * (longest_s + (1 + TAIL_SPARE) * e2e.p99_s)), index)
         pool_s = (len(requests) - warmup) / per_s - (1 + TAIL_SPARE) * e2e.p99_s  # what the pool holds
         longest_s = longest_s if min(longest_s, pool_s) >= 2 * window_s else window_s
         scheduled = min(len(requests) - warmup, math.ceil(per_s * (longest_s + (1 + TAIL_SPARE) * e2e.p99_s)))
@@ -448,7 +466,8 @@ class Levels:
             self.hooks.level_started(name, rate, scheduled + warmup)
             test = (LevelTest(self.plan.slo, first=min(self.plan.levels.min_requests, sized[0]), due_ns=due,
                               window_ns=int(window_s * 1e9), fill_ns=int(e2e.p99_s * 1e9), first_index=warmup,
-                              confidence=self.plan.levels.confidence, longest_ns=int(longest_s * 1e9))
+                              confidence=self.plan.levels.confidence, longest_ns=int(longest_s * 1e9),
+                              horizon=scheduled)
                     if self.plan.slo else None)
             saturated = saturation_check(self.plan.slo, per_s, scheduled / per_s, self.clock)
             stop = LevelStop(test, saturated, deadline, clock=self.clock)
@@ -478,7 +497,7 @@ class Levels:
             decided = not decisive and any(lv.passed for lv in finite)
         else:
             decided = not decisive and any(lv.verdict != Decision.UNDECIDED for lv in finite)
-        now, end = self.clock.time(), self.end()
+        now, end = self.clock.time(), self.end(rate)
         sized = self.budget.requests(now, end, per_s, n, least, e2e.overhead_s, decided=decided)
         if isinstance(sized, str):
             self.cut = (f"time limit: a {name} level at {rate:.2f} {plan.workload.rate_unit} needs {least} "

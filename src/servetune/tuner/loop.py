@@ -72,7 +72,7 @@ from servetune.tuner.confirm import (
     run_head_to_head,
 )
 from servetune.tuner.dispatch import Dispatch, Finished
-from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
+from servetune.workload import MorePrompts, RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
@@ -148,7 +148,9 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
     try:
         tokenizer, sets, model_len = _prepare(opts, runtime.build_requests)
         executor = executor_made = executor or make_executor(opts.parallel, opts.ray_address, hooks)
-        proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage)
+        more = MorePrompts(opts.workload, str(opts.tokenizer or opts.model), seed=opts.workload.seed + 2000,
+                           longest=max(r.min_model_len for s in sets for r in s), build=runtime.build_requests)
+        proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage, more)
         clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
         tuner = Tuner(proposer=proposer, running=Dispatch(executor), hooks=hooks, clock=clock, runtime=runtime)
         tuner.publish(TuneState.RUNNING)
@@ -254,9 +256,9 @@ class Proposer:
 
     @classmethod
     def open(cls, opts: TuneOptions, executor: Executor, sets: list[list[RequestSpec]], model_len: ModelLenBounds,
-             backend: optuna.storages.BaseStorage | None = None) -> "Proposer":
+             backend: optuna.storages.BaseStorage | None = None, more: MorePrompts | None = None) -> "Proposer":
         """Probe vLLM, build the search space, open (or resume) the study with its meta and queue the defaults
-        and the reference configs it has not measured yet."""
+        and the reference configs it has not measured yet; `more` builds prompts past the pool `sets`."""
         vllm = executor.probe()
         space = build_space(vllm, model_len.tightened, context=model_len.context, optional=opts.optional_knobs,
                             fixed=opts.engine_args)
@@ -280,7 +282,7 @@ class Proposer:
             if Reference(i) not in roles:
                 record.enqueue({}, TrialRecord(role=Reference(i), planned={}, reference=reference))
         plan = TrialPlan(model=opts.model, workload=opts.workload, slo=opts.slo, objective=opts.objective,
-                         level_sets=sets, levels=opts.levels)
+                         level_sets=sets, levels=opts.levels, more=more)
         return cls(record=record, strategy=strategy, space=space, plan=plan, opts=opts, memory=memory, vllm=vllm,
                    misfit=executor.misfit, typical_prompt=int(statistics.median(r.prompt_len for r in sets[0])))
 

@@ -1,7 +1,7 @@
 """Workloads: what to send to the server (lengths, prefixes, datasets) and at what load shape."""
 
 from servetune.workload.load import load_workload
-from servetune.workload.prompts import build_requests, load_tokenizer
+from servetune.workload.prompts import MorePrompts, build_requests, load_tokenizer
 from servetune.workload.request import RequestSpec
 from servetune.workload.spec import (
     DatasetSpec,
@@ -20,6 +20,7 @@ __all__ = [
     "Fixed",
     "LengthDistribution",
     "LogNormal",
+    "MorePrompts",
     "Normal",
     "RequestSpec",
     "SharedPrefix",

@@ -1,6 +1,9 @@
 """Turn a workload spec into concrete requests whose prompts are exactly as long as intended, in the model's tokens."""
 
+import functools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,6 +84,35 @@ def build_requests(
     requests = [RequestSpec(prompt, input_len, output_len)
                 for prompt, input_len, output_len in zip(prompts, input_lens.tolist(), output_lens.tolist())]
     return with_min_model_len(requests, tokenizer, spec.endpoint)
+
+
+@dataclass(frozen=True)
+class MorePrompts:
+    """More requests of a workload than its pool holds, for a level at a rate the pool cannot fill (a fast
+    config's level counts thousands): built in the trial's own process from the tokenizer's path, each level's from
+    a seed of its own (level k of every trial gets the same ones), none longer than the pool's longest (the
+    max-model-len the configs launch with was fitted to it). Picklable: it travels with the trial's plan."""
+
+    workload: WorkloadSpec
+    tokenizer: str
+    seed: int
+    longest: int  # the pool's largest `min_model_len`
+    build: Callable[..., list[RequestSpec]] = build_requests
+
+    def __call__(self, count: int, level: int) -> list[RequestSpec]:
+        fresh: list[RequestSpec] = []
+        for attempt in range(4):  # a heavy tail beyond the pool's longest is drawn again, on another seed
+            drawn = self.build(self.workload, _tokenizer(self.tokenizer), seed=self.seed + 7919 * attempt + level,
+                               count=count + count // 8 + 8)
+            fresh += [r for r in drawn if r.min_model_len <= self.longest]
+            if len(fresh) >= count:
+                break
+        return fresh[:count]
+
+
+@functools.cache
+def _tokenizer(path_or_name: str) -> "PreTrainedTokenizerBase":
+    return load_tokenizer(path_or_name)
 
 
 def check_size(spec: WorkloadSpec, count: int) -> None:
