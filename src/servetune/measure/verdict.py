@@ -275,14 +275,13 @@ class LevelTest:
     A window that ends undecided while every open test's point estimate is within its bound (a p99 that hugs its
     bound: only more requests can show it) is extended, once, to `longest_ns` where that is longer. The pass side
     then looks twice, at the end of each window, each look at half the error (Bonferroni): 0 over of 368 requests
-    is the least that passes at 95% so, where one look passes 0 of 299. `horizon` (the level's timed requests, at
-    least its longest window's) has the fail side's boundaries computed before the level sends anything: for a
-    window of tens of thousands of requests that takes a second or more, which the client must not spend while
-    its arrivals are due."""
+    is the least that passes at 95% so, where one look passes 0 of 299. The fail side's boundaries are computed
+    when the test is made, for all the level's timed requests (`due_ns`, as many as any window can count), before
+    the level sends anything: for tens of thousands of requests that takes a second or more, which the client must
+    not spend while its arrivals are due."""
 
     def __init__(self, slo: Mapping[str, float], first: int, due_ns: Sequence[int], window_ns: int | None = None,
-                 fill_ns: int = 0, first_index: int = 0, confidence: float = CONFIDENCE, longest_ns: int | None = None,
-                 horizon: int | None = None):
+                 fill_ns: int = 0, first_index: int = 0, confidence: float = CONFIDENCE, longest_ns: int | None = None):
         self.slo, self.first = dict(slo), first
         self.due_ns, self.window_ns, self.min_fill_ns = list(due_ns), window_ns, fill_ns
         self.extendable = window_ns is not None and longest_ns is not None and longest_ns > window_ns
@@ -291,8 +290,8 @@ class LevelTest:
         self._fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
         self.extended = False
         self.bounds: Boundaries | None = None  # the request-level fail side, once the window's size is known
-        if horizon is not None and any(latency(name).per_request is not None for name in slo):
-            self.bounds = boundaries(min(FIRST_FAIL_LOOK, first), horizon, self._fail_alpha)  # before any is sent
+        if any(latency(name).per_request is not None for name in slo):  # before any request is sent
+            self.bounds = boundaries(min(FIRST_FAIL_LOOK, first), max(1, len(self.due_ns)), self._fail_alpha)
         self.looks: list[int] = []
         self.itl_fail_confidence = 1 - self._fail_alpha
         self._waiting: dict[int, RequestRecord] = {}

@@ -466,8 +466,7 @@ class Levels:
             self.hooks.level_started(name, rate, scheduled + warmup)
             test = (LevelTest(self.plan.slo, first=min(self.plan.levels.min_requests, sized[0]), due_ns=due,
                               window_ns=int(window_s * 1e9), fill_ns=int(e2e.p99_s * 1e9), first_index=warmup,
-                              confidence=self.plan.levels.confidence, longest_ns=int(longest_s * 1e9),
-                              horizon=scheduled)
+                              confidence=self.plan.levels.confidence, longest_ns=int(longest_s * 1e9))
                     if self.plan.slo else None)
             saturated = saturation_check(self.plan.slo, per_s, scheduled / per_s, self.clock)
             stop = LevelStop(test, saturated, deadline, clock=self.clock)
