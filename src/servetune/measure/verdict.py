@@ -289,7 +289,7 @@ class LevelTest:
         self.confidence = 1 - (1 - confidence) / 2 if self.extendable else confidence  # of each pass look
         self._fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
         self.extended = False
-        self.bounds: Boundaries | None = None  # the request-level fail side, once the window's size is known
+        self.bounds: Boundaries | None = None  # the request-level fail side, over every timed request
         if any(latency(name).per_request is not None for name in slo):  # before any request is sent
             self.bounds = boundaries(min(FIRST_FAIL_LOOK, first), max(1, len(self.due_ns)), self._fail_alpha)
         self.looks: list[int] = []
@@ -356,8 +356,6 @@ class LevelTest:
         cap = max(1, len(self._window(self.longest_ns)))
         first_fail = min(FIRST_FAIL_LOOK, self.first)
         per_gap = [name for name in self.slo if latency(name).per_request is None]
-        if len(per_gap) < len(self.slo) and (self.bounds is None or self.bounds.cap < cap):
-            self.bounds = boundaries(first_fail, cap, self._fail_alpha)
         self.looks = itl_looks(first_fail, cap) if per_gap else []
         self.itl_fail_confidence = 1 - self._fail_alpha / (len(self.looks) + 1)  # the looks and the one at the end
         return True

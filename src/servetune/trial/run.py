@@ -422,7 +422,7 @@ class Levels:
         """Level `index`'s requests: the pool from a place of its own (sessions and traces: from the start, in
         order)."""
         pool = self.plan.level_sets[index % len(self.plan.level_sets)]
-        if len(self.plan.level_sets) > 1 or self.plan.workload.sessions or self.plan.workload.trace:
+        if self._sent_as_it_is():
             return pool
         at = (index * 7919) % len(pool)
         return pool[at:] + pool[:at]
@@ -432,10 +432,14 @@ class Levels:
         a level whose arrivals stopped before its window was over would pass on a draining queue. Sessions and
         traces send their pool as it is."""
         more = self.plan.more
-        if count <= len(requests) or more is None or len(self.plan.level_sets) > 1 or self.plan.workload.sessions \
-                or self.plan.workload.trace:
+        if count <= len(requests) or more is None or self._sent_as_it_is():
             return requests
         return requests + more(count - len(requests), index)
+
+    def _sent_as_it_is(self) -> bool:
+        """Whether each level sends its pool from the start, in order, and nothing past it: several sets (a
+        head-to-head's), sessions and traces."""
+        return len(self.plan.level_sets) > 1 or bool(self.plan.workload.sessions or self.plan.workload.trace)
 
     def run(self, name: LevelName, rate: float, warmup: int = 0, seed: int | None = None,
             decisive: bool = False) -> LevelOutcome | None:
@@ -452,10 +456,12 @@ class Levels:
         if sized is None:
             return None
         window_s, longest_s = sized[0] / per_s, sized[1] / per_s
-        requests = self._enough(requests, warmup + math.ceil(per_s * (longest_s + (1 + TAIL_SPARE) * e2e.p99_s)), index)
+        wanted = math.ceil(per_s * (longest_s + (1 + TAIL_SPARE) * e2e.p99_s))  # the longest window's arrivals
+        requests = self._enough(requests, warmup + wanted, index)
         pool_s = (len(requests) - warmup) / per_s - (1 + TAIL_SPARE) * e2e.p99_s  # what the pool holds
-        longest_s = longest_s if min(longest_s, pool_s) >= 2 * window_s else window_s
-        scheduled = min(len(requests) - warmup, math.ceil(per_s * (longest_s + (1 + TAIL_SPARE) * e2e.p99_s)))
+        if min(longest_s, pool_s) < 2 * window_s:  # no room to extend: the window alone
+            longest_s, wanted = window_s, math.ceil(per_s * (window_s + (1 + TAIL_SPARE) * e2e.p99_s))
+        scheduled = min(len(requests) - warmup, wanted)
         timed = requests[warmup: warmup + scheduled]
         due = due_times(timed, 0 if not self.plan.workload.sessions else len({r.session for r in timed}),
                         rate, self.plan.workload.burstiness, seed)[0]
