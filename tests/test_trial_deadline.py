@@ -12,8 +12,9 @@ import pytest
 from servetune.measure.verdict import Decision
 from servetune.timelimit import Keep, LevelBudget
 from servetune.trial.hooks import Hooks
-from servetune.trial.run import Latency, LevelName, LevelOptions, Levels, Race, TrialPlan
+from servetune.trial.run import MIN_WINDOW_S, Latency, LevelName, LevelOptions, Levels, Race, TrialPlan, least_requests
 from servetune.trial.server import VllmServer
+from servetune.tuner.confirm import head_to_head_job
 from servetune.workload import RequestSpec, WorkloadSpec, build_requests, load_tokenizer
 
 WORKLOAD = {"num_requests": 20, "input_len": {"type": "fixed", "value": 32},
@@ -120,3 +121,24 @@ def test_a_level_whose_pass_would_need_the_head_to_head_leaves_it_its_time():
     assert trial._window_requests(LevelName.SEARCH, 9.0, 9.0, e2e, False) is not None
     assert trial._window_requests(LevelName.SEARCH, 6.0, 6.0, e2e, True) is None
     assert trial.cut is not None and "left" in trial.cut
+
+
+def test_the_head_to_head_level_fits_the_time_kept_for_it(tiny_model, tmp_path):
+    """The time a tune keeps for the head-to-head (`Keep.seconds` at the pick's rate: the defaults' launch with its
+    spare, a deciding level, its fill and tail as the pick's deciding level measured them) holds the level the
+    head-to-head then sizes. The demo at f7f7fa2 kept 1m49s and launched in 45 s; its level at 31.44 req/s then asked
+    for ~40 s (its latency guessed at 10 s, where the keep had counted the pick's measured 0.6 s) with 40 s left."""
+    rate, launch_s = 31.44, 45.0
+    pick = Latency(p99_s=0.6, mean_s=0.3)
+    spec = WorkloadSpec.model_validate(WORKLOAD)
+    tokenizer = load_tokenizer(str(tiny_model))
+    plan = TrialPlan(str(tiny_model), spec, {"itl_p99_ms": 40.0}, "goodput", [build_requests(spec, tokenizer, seed=0)],
+                     LevelOptions(requests=400, min_requests=100, warmup_requests=8))
+    keep = Keep(low=0.0, high=math.inf, launch_s=launch_s, requests=least_requests(plan, 0.0),
+                drain_s=pick.overhead_s, min_window_s=MIN_WINDOW_S)
+    default = SimpleNamespace(trial=0, config={})
+    budget = LevelBudget(deadline=time.time() + keep.seconds(rate) - launch_s, baseline=True)  # launched as before
+    job = head_to_head_job(default, rate, plan, build_requests(spec, tokenizer, seed=1), tmp_path, budget, pick)
+    trial = Levels(job.plan, SimpleNamespace(alive=lambda: True), tmp_path, budget, time, Hooks())
+    assert trial.latency() == pick
+    assert trial._window_requests(LevelName.CONFIRM, rate, rate, trial.latency(), False) is not None, trial.cut

@@ -84,7 +84,7 @@ class Keep:
 
     def seconds(self, rate_per_s: float) -> float:
         """What the head-to-head takes at `rate_per_s` req/s, its launch given LAUNCH_SPARE (launches vary)."""
-        window_s = max(self.requests / rate_per_s, self.min_window_s)
+        window_s = max(self.requests, math.ceil(rate_per_s * self.min_window_s)) / rate_per_s
         return LAUNCH_SPARE * self.launch_s + window_s + self.drain_s + STOP_S
 
 

@@ -100,6 +100,7 @@ class TrialPlan:
     fixed_levels: list[tuple[float, int]] = field(default_factory=list)  # a head-to-head: (rate, seed) each
     race: "Race | None" = None  # a candidate's start
     more: Callable[[int, int], list[RequestSpec]] | None = None  # (count, level): prompts past the pool
+    latency: "Latency | None" = None  # what requests take before a level of the trial measured it (a head-to-head's)
 
 
 @dataclass(frozen=True)
@@ -412,11 +413,12 @@ class Levels:
 
     def latency(self) -> Latency:
         """What the next level's requests take end to end (`Latency`): as the last level at a finite rate measured
-        it, else the capacity level's decode times (a full batch: an upper bound; its queue left out)."""
+        it, else the capacity level's decode times (a full batch: an upper bound; its queue left out), else as the
+        plan says (a head-to-head: the pick's deciding level, as the time kept for it counted)."""
         finite = [lv for lv in self.levels if lv.metrics.completed and math.isfinite(lv.rate)]
         if finite:
             return Latency.of(finite[-1])
-        return self.full_batch or Latency()
+        return self.full_batch or self.plan.latency or Latency()
 
     def pool(self, index: int) -> list[RequestSpec]:
         """Level `index`'s requests: the pool from a place of its own (sessions and traces: from the start, in

@@ -24,7 +24,7 @@ from servetune.study.record import HeadToHead, HeadToHeadVerdict, LevelRecord, R
 from servetune.study.results import TrialRow
 from servetune.timelimit import LevelBudget
 from servetune.trial.hooks import Hooks
-from servetune.trial.run import TrialPlan
+from servetune.trial.run import Latency, TrialPlan
 from servetune.tuner.dispatch import Dispatch
 
 HEAD_TO_HEAD_SEED = 1_000  # arrival order of the head-to-head level, apart from the search's seeds
@@ -41,9 +41,10 @@ def candidates_of(rows: list[TrialRow], default: TrialRow | None,
 
 
 def head_to_head_job(default: TrialRow, rate: float, plan: TrialPlan, level_set: list, out: Path,
-                     budget: LevelBudget | None) -> Job:
-    """The defaults at `rate`: one level with a fresh prompt set (`level_set`, warm-up requests included)."""
-    plan = replace(plan, level_sets=[level_set], fixed_levels=[(rate, HEAD_TO_HEAD_SEED)])
+                     budget: LevelBudget | None, latency: Latency) -> Job:
+    """The defaults at `rate`: one level with a fresh prompt set (`level_set`, warm-up requests included), its fill
+    and tail sized on `latency` (the pick's at that rate)."""
+    plan = replace(plan, level_sets=[level_set], fixed_levels=[(rate, HEAD_TO_HEAD_SEED)], latency=latency)
     return Job(default.trial, default.config, plan, out / "confirm" / "default", budget)
 
 

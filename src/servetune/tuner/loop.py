@@ -513,7 +513,7 @@ class Tuner:
             if level is not None:
                 method = "search"
             else:
-                outcome = self._head_to_head(default, pick, tokenizer)
+                outcome = self._head_to_head(default, pick, _latency(pick_out), tokenizer)
                 wall_s = outcome.wall_s if outcome is not None else None
                 level = outcome.levels[0] if outcome is not None and outcome.levels else None
                 missing = ("the time limit came first" if outcome is None
@@ -521,9 +521,9 @@ class Tuner:
         decided = decide(pick, default, level, pick_level, opts.workload.rate_unit, method=method, missing=missing)
         record.write_confirmation(decided.model_copy(update={"search_trials": trials, "wall_s": wall_s}))
 
-    def _head_to_head(self, default: TrialRow, pick: TrialRow, tokenizer) -> TrialOutcome | None:
-        """The defaults launched again and measured at the pick's rate, when that fits the time left (None: it
-        does not, which `not_done` says)."""
+    def _head_to_head(self, default: TrialRow, pick: TrialRow, latency: Latency, tokenizer) -> TrialOutcome | None:
+        """The defaults launched again and measured at the pick's rate (its requests taking what they took the
+        pick: `latency`), when that fits the time left (None: it does not, which `not_done` says)."""
         opts, plan = self.proposer.opts, self.proposer.plan
         assert pick.goodput_rate is not None  # it beat the defaults' (`confirm`)
         if self.clock.remaining() < self.clock.launch_s() + STOP_S:  # the trial sizes its level to what is left
@@ -534,7 +534,7 @@ class Tuner:
                                                 count=plan.levels.pool)
         job = head_to_head_job(default, pick.goodput_rate, plan, level_set, opts.out,
                                self.clock.budget(reserve_s=0.0, keep=None, next_trial_s=0.0, after=0,
-                                                 baseline=True))
+                                                 baseline=True), latency)
         outcome = run_head_to_head(job, self.running, self.hooks)
         if outcome.cut_short:
             self.not_done.append(f"the head-to-head with the defaults was cut short ({outcome.cut_short})")
