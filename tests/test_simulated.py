@@ -26,23 +26,27 @@ NAMED = 0.6  # of the scenarios with a short deciding level where a ladder confi
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None  # outputs are written after every trial
 
 
-def run(scenario: Scenario, model: Path) -> dict:
-    """One simulated tune and what the tests check of it."""
+def run(scenario: Scenario, model: Path, judged: bool = False) -> dict:
+    """One simulated tune and what the tests check of it; `judged`: whether it named a config that truly beats the
+    defaults (the truth of every config it recommends and of the chunk ladder: most of the cost)."""
     with tempfile.TemporaryDirectory(dir=TMP) as out:
         result = simulate(scenario, model, Path(out) / "out")
         written = json.loads((Path(out) / "out" / "summary.json").read_text())
-    judged = judge(scenario, result)
     time = result.summary.time
-    return {"seed": scenario.seed, "answer": result.summary.answer, "written": written["answer"],
+    tune = {"seed": scenario.seed, "answer": result.summary.answer, "written": written["answer"],
             "state": result.summary.state, "used": result.elapsed_s / scenario.limit_s, "ended_by": result.ended_by,
-            "unused_s": time.unused_s, "next_trial_s": time.next_trial_s, "decidable": judged.decidable,
-            "named": judged.named}
+            "unused_s": time.unused_s, "next_trial_s": time.next_trial_s}
+    if judged:
+        truth = judge(scenario, result, trials=False)
+        tune |= {"decidable": truth.decidable, "named": truth.named}
+    return tune
 
 
 @pytest.fixture(scope="module")
 def tunes(tiny_model) -> list[dict]:
     with ProcessPoolExecutor(2) as pool:
-        return list(pool.map(run, [draw_scenario(seed) for seed in SCENARIOS], [tiny_model] * len(SCENARIOS)))
+        return list(pool.map(run, [draw_scenario(seed) for seed in SCENARIOS], [tiny_model] * len(SCENARIOS),
+                             [True] * len(SCENARIOS)))
 
 
 def test_every_tune_ends_with_an_answer_written_where_it_says(tunes):
@@ -96,7 +100,7 @@ def test_every_trial_measures_near_its_true_goodput(families):
     assert all(trial.measured >= 0.85 * trial.truth for _, trial in closed), closed
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10**6), limit_s=st.floats(30, 3600), budget=st.integers(1, 6),
        fail_share=st.sampled_from([0.0, 0.3, 1.0]), cold_s=st.floats(10, 1200), slower=st.floats(0.1, 300),
        strategy=st.sampled_from(["optuna", "seed", "grid"]))

@@ -600,7 +600,7 @@ class Judged:
     recommended: float | None
     best: float
     recommends_defaults: bool
-    trials: tuple[TrialTruth, ...] = ()
+    trials: tuple[TrialTruth, ...] = ()  # empty where `judge` was not asked for them
 
     @property
     def clear_gain(self) -> bool:
@@ -619,9 +619,9 @@ class Judged:
                 and bool(self.recommended and self.recommended >= CLEAR_GAIN * self.defaults))
 
 
-def judge(scenario: Scenario, result: SimResult, ladder: bool = True) -> Judged:
-    """`result`'s recommendation and every trial it measured against the truth (`true_goodput`); `ladder`: find the
-    best config of the chunk ladder too."""
+def judge(scenario: Scenario, result: SimResult, ladder: bool = True, trials: bool = True) -> Judged:
+    """`result`'s recommendation and (`trials`) every trial it measured against the truth (`true_goodput`);
+    `ladder`: find the best config of the chunk ladder too."""
     workload = WorkloadSpec.model_validate(scenario.workload)
 
     def truth(config: dict[str, Any]) -> float:
@@ -638,7 +638,7 @@ def judge(scenario: Scenario, result: SimResult, ladder: bool = True) -> Judged:
     summary = result.summary
     best = summary.best
     defaults = summary.default is not None and best is not None and best.trial == summary.default.trial
-    trials = tuple(trial_truth(row) for row in result.rows if row.ok)
     return Judged(defaults=truth({}), recommended=truth(best.config) if best is not None else None,
                   best=max(truth({"enable_chunked_prefill": True, "max_num_batched_tokens": c}) for c in LADDER)
-                  if ladder else 0.0, recommends_defaults=defaults or best is None, trials=trials)
+                  if ladder else 0.0, recommends_defaults=defaults or best is None,
+                  trials=tuple(trial_truth(row) for row in result.rows if row.ok) if trials else ())
