@@ -445,7 +445,7 @@ class Tuner:
         need = duration(self.clock.trial_s(nxt.first_level_s))
         self.not_done.append(f"{left} of {budget} trials {OUT_OF_TIME}: the {duration(self.clock.remaining())} left "
                              f"hold no launch and first deciding level (~{need})"
-                             + (" beside the head-to-head" if nxt.reserve_s else ""))
+                             + (f" beside the head-to-head (~{duration(nxt.reserve_s)})" if nxt.reserve_s else ""))
         self.hooks.note(f"time limit: {self.not_done[-1]}")
 
     def room_after_head_to_head(self) -> bool:
