@@ -50,9 +50,10 @@ def collect(args: argparse.Namespace) -> None:
 def decide(records: list[RequestRecord], bound_ms: float) -> tuple[str, int]:
     """The level's decision on its measured `records` (with the second a fail stopped it) and the requests it
     counted."""
-    test = verdict.LevelTest({"itl_p99_ms": bound_ms}, first=min(40, len(records)), cap=len(records),
-                             first_index=min(r.index for r in records))
-    t0 = min(r.scheduled_ns for r in records)
+    ordered = sorted(records, key=lambda r: r.index)
+    t0 = ordered[0].scheduled_ns
+    test = verdict.LevelTest({"itl_p99_ms": bound_ms}, first=min(40, len(records)),
+                             due_ns=[r.scheduled_ns - t0 for r in ordered], first_index=ordered[0].index)
     for r in sorted(records, key=lambda r: r.end_ns):
         if test.add(r) == verdict.Decision.FAIL:
             return f"fail at {(r.end_ns - t0) / 1e9:.0f} s", test.requests
