@@ -47,7 +47,7 @@ def test_a_tune_never_loses_requests_to_its_own_max_model_len(llama3_tiny_model,
         [sys.executable, "-m", "servetune", "tune", "--model", str(llama3_tiny_model), "--workload", str(workload),
          "--out", str(out), "--slo", "tpot_p99_ms=500", "--strategy", "seed", "--budget", "3",
          "--reference-config", str(short), "--level-requests", "320", "--min-level-requests", "20",
-         "--max-levels", "2"],  # a first rate from the capacity can be past what the server sustains on a busy VM
+         "--level-window", "5", "--max-levels", "2"],  # the capacity can be past what a busy VM sustains
         capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -45,6 +45,18 @@ def test_a_resume_with_another_level_option_names_it_with_both_values(tiny_model
         tune(changed, executor=StandIn({1: 6.0}, out))
 
 
+def test_a_resume_with_another_level_window_names_it_and_the_default_one_resumes(tiny_model, tmp_path):
+    """A study stores its level window only where it is not the default, as every study made before --level-window
+    did not store one: those resume, and a resume with another window is refused by name."""
+    out = tmp_path / "out"
+    tune(options(tiny_model, out, None), executor=StandIn({0: 5.0}, out))
+    longer = options(tiny_model, out, None, resume=True)
+    longer = replace(longer, levels=replace(longer.levels, window_s=60.0))
+    with pytest.raises(StudyError, match=r"differs from the study's: it was \{\}, now \{\"window_s\": 60.0\}"):
+        tune(longer, executor=StandIn({1: 6.0}, out))
+    assert tune(options(tiny_model, out, None, resume=True), executor=StandIn({1: 6.0}, out)).trials >= 1
+
+
 def test_a_refused_resume_on_a_missing_out_leaves_no_directory(tiny_model, tmp_path):
     for study in ([], ["--study", f"sqlite:///{tmp_path / 'none.db'}"]):
         proc = subprocess.run([*SERVETUNE, "tune", "--model", str(tiny_model), "--workload", "examples/chat.yaml",

@@ -142,3 +142,13 @@ def test_the_head_to_head_level_fits_the_time_kept_for_it(tiny_model, tmp_path):
     trial = Levels(job.plan, SimpleNamespace(alive=lambda: True), tmp_path, budget, time, Hooks())
     assert trial.latency() == pick
     assert trial._window_requests(LevelName.CONFIRM, rate, rate, trial.latency(), False) is not None, trial.cut
+
+
+def test_the_level_window_sets_the_fewest_requests_a_level_counts():
+    """--level-window: at 10 req/s a level counts at least a minute of requests under a 60-s window, and what its
+    verdict needs (299 requests at 95%, none over a TTFT bound) under a 5-s one."""
+    spec = WorkloadSpec.model_validate(WORKLOAD)
+    plan = TrialPlan("m", spec, {"ttft_p99_ms": 1000}, "goodput", [[RequestSpec("x", 32, 8)] * 50],
+                     LevelOptions(requests=300, min_requests=10, window_s=60.0))
+    assert least_requests(plan, 10.0) == 600
+    assert least_requests(replace(plan, levels=LevelOptions(requests=300, min_requests=10, window_s=5.0)), 10.0) == 299

@@ -19,6 +19,7 @@ from servetune.knobs import optional_help
 from servetune.measure.slo import GOODPUT_KEYS, Objective
 from servetune.search.strategies import strategy_help
 from servetune.timelimit import GUESS_LAUNCH_S, duration, parse_duration
+from servetune.trial.run import MIN_WINDOW_S
 
 if TYPE_CHECKING:
     from servetune.measure.benchrun import BenchOptions
@@ -183,6 +184,10 @@ class TuneArgs(_Args):
                                               help="Fewest requests a level's verdict rests on.")] = 40
     max_levels: Annotated[int, Option(min=0, metavar="N", rich_help_panel=LEVELS_PANEL,
                                       help="Most load levels per trial in the rate search.")] = 6
+    level_window: Annotated[float, Option(
+        min=1.0, metavar="SECONDS", rich_help_panel=LEVELS_PANEL,
+        help="Shortest steady window of a load level: a longer one passes fewer rates above what the server "
+             "sustains near its limit, at more time per level.")] = MIN_WINDOW_S
     confidence: Annotated[float, Option(
         min=0.5, max=0.999, metavar="P", rich_help_panel=LEVELS_PANEL,
         help="Confidence of each level's pass and fail verdicts.")] = 0.95
@@ -229,7 +234,7 @@ class TuneArgs(_Args):
         time_limit_s = self._time_limit_s()
         levels = LevelOptions(requests=self.level_requests, min_requests=self.min_level_requests,
                               max_levels=self.max_levels, confidence=self.confidence,
-                              request_timeout_s=self.request_timeout)
+                              request_timeout_s=self.request_timeout, window_s=self.level_window)
         workload = load_workload(self.workload)
         self._check_levels_decide(slos, reply_lengths(workload))
         with about("--reference-config"):

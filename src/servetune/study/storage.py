@@ -140,8 +140,8 @@ def check_storage(storage: str, resume: bool) -> bool:
 DEFINING = {"model": "--model", "workload": "--workload", "slo": "--slo", "objective": "--objective",
             "strategy": "--strategy", "seed": "--seed", "user_engine_args": "--engine-arg",
             "references": "--reference-config", "optional_knobs": "--knob", "tokenizer": "--tokenizer",
-            "levels": "the level options (--level-requests, --min-level-requests, --max-levels, --confidence, "
-                      "--request-timeout)",
+            "levels": "the level options (--level-requests, --min-level-requests, --max-levels, --level-window, "
+                      "--confidence, --request-timeout)",
             "confirm": "--confirm/--no-confirm", "min_model_len": "--min-model-len"}
 
 

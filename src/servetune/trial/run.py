@@ -14,7 +14,7 @@ A level at a finite rate is sized in time: its arrivals last its fill (the p99 l
 window whose requests its verdict counts (`servetune.measure.verdict`) and over which its keeping up is judged
 (`servetune.measure.steady`), and a tail under the same load while the window's last replies finish; it ends
 when every request of its window has finished, or its verdict failed. The window holds `requests` requests (at
-least what a pass rests on and MIN_WINDOW_S, more where the keep-up test needs a longer one), cut to what the
+least what a pass rests on and `LevelOptions.window_s`, more where the keep-up test needs a longer one), cut to what the
 trial's budget (`timelimit.LevelBudget`) affords; a level that could not reach a verdict before the budget's end is
 not started. A trial that fails (OOM, bad config, a server that dies, a workload the config rejects) returns an
 outcome that says so; it never raises for the engine's sake.
@@ -24,7 +24,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -55,7 +55,7 @@ CAPACITY_OPENS = 32  # the capacity level's window opens once this many requests
 CAPACITY_S = 20.0  # and lasts this long
 CAPACITY_MIN_FINISHED = 10
 FAR_OVER = 0.25  # a level with at least this share over a bound failed by far (`failed_far`)
-MIN_WINDOW_S = 20.0  # the shortest steady window of a level at a finite rate
+MIN_WINDOW_S = 20.0  # the shortest steady window of a level at a finite rate, unless --level-window says otherwise
 KEEP_UP_WINDOW_MAX_S = 120.0  # a level's window grows to what its keep-up test needs, up to this,
 NEAR_CAPACITY = 0.85  # ... at a rate this close to the capacity or above it; below, the capacity shows it keeps up
 TAIL_SPARE = 1.5  # arrivals go on this many p99 latencies past the window: its last replies finish under load
@@ -79,11 +79,20 @@ class LevelOptions:
     confidence: float = 0.95  # of each level's verdict, pass and fail alike
     request_timeout_s: float | None = None  # None: derived from each level's requests (bench.default_request_timeout_s)
     startup_timeout_s: float = 900.0
+    window_s: float = MIN_WINDOW_S  # the shortest steady window of a level at a finite rate
 
     @property
     def pool(self) -> int:
         """Prompts a study builds for its levels (each level takes them from its own place in the pool)."""
         return POOL_LEVELS * self.requests + self.warmup_requests
+
+    def stored(self) -> dict[str, Any]:
+        """The options as a study's meta keeps them: `window_s` only where it is not MIN_WINDOW_S (the studies made
+        before it could be set have none, and resume as they were made)."""
+        stored = asdict(self)
+        if self.window_s == MIN_WINDOW_S:
+            del stored["window_s"]
+        return stored
 
 
 @dataclass(frozen=True)
@@ -120,11 +129,11 @@ def requests_per_s(plan: TrialPlan, rate: float) -> float:
 
 def least_requests(plan: TrialPlan, rate_per_s: float) -> int:
     """The fewest requests a level at `rate_per_s` counts in its window to pass: those its verdict needs
-    (`verdict.least_counted`), and those of MIN_WINDOW_S."""
+    (`verdict.least_counted`), and those of its shortest window (`LevelOptions.window_s`)."""
     outputs = [r.output_len for r in plan.level_sets[0]]
     gaps = statistics.mean(outputs) - 1 if outputs else 1.0
     counted = least_counted(plan.slo, plan.levels.confidence, plan.levels.min_requests, gaps)
-    return max(counted, math.ceil(rate_per_s * MIN_WINDOW_S))
+    return max(counted, math.ceil(rate_per_s * plan.levels.window_s))
 
 
 @dataclass(frozen=True)

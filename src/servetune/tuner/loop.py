@@ -8,7 +8,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,6 @@ from servetune.study.storage import (
 from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import (
-    MIN_WINDOW_S,
     Latency,
     LevelOptions,
     Race,
@@ -118,7 +117,7 @@ class TuneOptions:
                 "objective": self.objective, "strategy": self.strategy, "seed": self.seed,
                 "user_engine_args": self.engine_args, "references": self.references,
                 "optional_knobs": list(self.optional_knobs), "tokenizer": self.tokenizer,
-                "levels": asdict(self.levels), "confirm": self.confirm, "min_model_len": self.min_model_len}
+                "levels": self.levels.stored(), "confirm": self.confirm, "min_model_len": self.min_model_len}
 
 
 @dataclass(frozen=True)
@@ -576,7 +575,7 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
     else:
         race = None
     cost = Keep(low=0.0, high=math.inf, launch_s=clock.launch_s(), requests=least_requests(plan, 0.0),
-                drain_s=e2e.overhead_s, min_window_s=MIN_WINDOW_S)
+                drain_s=e2e.overhead_s, min_window_s=plan.levels.window_s)
     nxt = NextTrial(race, first, cost, per_s)
     default = next((t for t in measured if t.record.role == Role.DEFAULT), None)
     if not confirm or plan.objective != Objective.GOODPUT or default is None:
