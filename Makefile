@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 MODEL := .cache/tiny-llama
 QUIET := { grep -v 'is ignored: it is neither' || true; }
 
-.PHONY: install demo lint test test-fast clean
+.PHONY: install demo lint test test-fast test-unit clean
 
 install: $(VENV)/.installed $(MODEL)/config.json
 
@@ -59,6 +59,12 @@ test: lint install
 test-fast: lint install
 	scripts/system-deps.sh $(BIN)
 	SERVETUNE_NO_VLLM=1 $(BIN)/pytest -q -rs -m "not vllm"
+
+# The unit tier: the tests that start no process (neither vLLM nor the CLI, a fake server, worker pools, PostgreSQL,
+# Ray or chromium: those are marked `vllm` or `integration`), in one Python; SERVETUNE_UNIT=1 fails an unmarked test
+# that starts one (tests/conftest.py).
+test-unit: lint
+	SERVETUNE_UNIT=1 SERVETUNE_NO_VLLM=1 $(BIN)/pytest -q -rs -m "not vllm and not integration"
 
 clean:
 	rm -rf $(VENV) .cache out .mypy_cache .ruff_cache

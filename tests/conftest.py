@@ -11,7 +11,9 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from unittest.mock import patch
 from urllib.parse import quote
 
 import pytest
@@ -69,6 +71,38 @@ def _has_mark(pid: str) -> bool:
         return False
 
 
+UNIT = os.environ.get("SERVETUNE_UNIT") == "1"  # `make test-unit`: the tests that start no process
+
+
+@contextmanager
+def no_process(item: pytest.Item) -> Iterator[None]:
+    """Under `make test-unit`, a test not marked `integration` fails where it, or a fixture it sets up, starts a
+    process (a subprocess, a multiprocessing worker, a spawn or a fork): the unit tier is what runs in one Python,
+    with nothing installed beside it."""
+    if not UNIT or item.get_closest_marker("integration"):
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a unit test starts no process: mark this test `integration`")
+
+    with (patch.object(subprocess.Popen, "__init__", refuse), patch.object(BaseProcess, "start", refuse),
+          patch.object(os, "posix_spawn", refuse), patch.object(os, "fork", refuse)):
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with no_process(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with no_process(item):
+        return (yield)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """The embedded tiny Llama (the one `make install` wrote, or a fresh copy)."""
@@ -94,6 +128,9 @@ def vllm_server(tiny_model, tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def no_vllm_left_behind():
     """Fail the session if any vLLM process that the tests started is still running at the end."""
+    if UNIT:  # the unit tier starts no process
+        yield
+        return
     before = set(vllm_processes())
     yield
     if os.environ.get("SERVETUNE_KEEP_SERVERS"):

@@ -62,6 +62,7 @@ def test_a_reference_config_that_is_a_bomb_or_never_ends_is_refused_naming_the_o
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 def test_verify_config_and_engine_arg_bombs_are_one_line_before_anything_launches(tiny_model, tmp_path):
     (tmp_path / "bomb.yaml").write_text(BOMB)
     proc = subprocess.run([*SERVETUNE, "verify", "--config", str(tmp_path / "bomb.yaml"), "--model", str(tiny_model),
@@ -78,6 +79,7 @@ def test_verify_config_and_engine_arg_bombs_are_one_line_before_anything_launche
     assert not (tmp_path / "v").exists() and not (tmp_path / "b.server.log").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)  # read whole, the endless body would never let the request end
 def test_an_http_error_with_an_endless_body_is_read_up_to_a_cap(fake):
     result = run_load_sync(Target(fake, "m"), [RequestSpec("fake:error_body=1", 1, 8), RequestSpec("a b", 2, 8)])
@@ -85,6 +87,7 @@ def test_an_http_error_with_an_endless_body_is_read_up_to_a_cap(fake):
     assert failed.error == f"http_500: Internal Server Error {'x' * ERROR_BODY_BYTES}" and ok.ok
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)  # the stall timeout fires on silence only: without a bound these streams never end
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 @pytest.mark.parametrize("fault", ["endless", "ping"])

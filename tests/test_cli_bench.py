@@ -13,6 +13,8 @@ import pytest
 from conftest import vllm_processes
 from servetune.redact import redact
 
+pytestmark = pytest.mark.integration  # starts processes
+
 SERVETUNE = [sys.executable, "-m", "servetune"]
 
 

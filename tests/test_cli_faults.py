@@ -59,6 +59,7 @@ def last_line(proc) -> str:
     (["--endpoint", "foo"], "--endpoint: "),
     (["--request-timeout", "0"], "--request-timeout: "),
 ])
+@pytest.mark.integration
 def test_a_bad_option_is_one_line_naming_it_before_any_request(fake, tiny_model, tmp_path, args, names):
     url, requests = fake
     proc = subprocess.run(bench(url, tiny_model, tmp_path / "o.json", *args), capture_output=True, text=True)
@@ -68,6 +69,7 @@ def test_a_bad_option_is_one_line_naming_it_before_any_request(fake, tiny_model,
     assert requests() == 0 and not (tmp_path / "o.json").exists()
 
 
+@pytest.mark.integration
 def test_a_bad_goodput_with_launch_is_refused_before_launching(tiny_model, tmp_path):
     out = tmp_path / "o.json"
     proc = subprocess.run([*SERVETUNE, "bench", "--launch", "--model", str(tiny_model), "--input-len", "8",
@@ -77,6 +79,7 @@ def test_a_bad_goodput_with_launch_is_refused_before_launching(tiny_model, tmp_p
     assert "launching" not in proc.stderr and not out.with_suffix(".server.log").exists()
 
 
+@pytest.mark.integration
 def test_tune_names_the_slo_option(tiny_model, tmp_path):
     proc = subprocess.run([*SERVETUNE, "tune", "--model", str(tiny_model), "--workload", "examples/chat.yaml",
                            "--out", str(tmp_path), "--slo", "tpot_p99_ms"], capture_output=True, text=True,
@@ -84,6 +87,7 @@ def test_tune_names_the_slo_option(tiny_model, tmp_path):
     assert proc.returncode == 2 and last_line(proc) == "error: --slo: 'tpot_p99_ms' is not key=value"
 
 
+@pytest.mark.integration
 def test_a_study_password_is_never_printed(tiny_model, tmp_path):
     proc = subprocess.run([*SERVETUNE, "tune", "--model", str(tiny_model), "--workload", "examples/chat.yaml",
                            "--out", str(tmp_path), "--slo", "tpot_p99_ms=50", "--study",
@@ -94,6 +98,7 @@ def test_a_study_password_is_never_printed(tiny_model, tmp_path):
     assert last_line(proc).startswith("error: cannot open study storage postgresql+psycopg://alice:***@127.0.0.1:9")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fake", [["--max-model-len", "4096"]], indirect=True)
 def test_bench_refuses_prompts_longer_than_the_servers_context_before_any_request(fake, tiny_model, tmp_path):
     url, requests = fake
@@ -112,6 +117,7 @@ def test_bench_refuses_prompts_longer_than_the_servers_context_before_any_reques
     assert requests() == 2
 
 
+@pytest.mark.integration
 def test_bench_launch_refuses_prompts_longer_than_the_models_context_before_launching(tiny_model, tmp_path):
     out = tmp_path / "o.json"
     proc = subprocess.run([*SERVETUNE, "bench", "--launch", "--model", str(tiny_model), "--input-len", "8522",
@@ -136,6 +142,7 @@ def test_the_max_model_len_a_launch_gets(tiny_model):
     assert launch_model_len("org/not-here", {}) is None
 
 
+@pytest.mark.integration
 def test_a_server_that_never_answers_fails_each_request_after_the_request_timeout(fake, tiny_model, tmp_path):
     url, _ = fake
     out = tmp_path / "o.json"
@@ -149,6 +156,7 @@ def test_a_server_that_never_answers_fails_each_request_after_the_request_timeou
     assert len(out.with_suffix(".records.jsonl").read_text().splitlines()) == 4
 
 
+@pytest.mark.integration
 def test_a_stream_that_ends_short_fails_the_run(fake, tiny_model, tmp_path):
     url, _ = fake
     out = tmp_path / "o.json"
@@ -159,6 +167,7 @@ def test_a_stream_that_ends_short_fails_the_run(fake, tiny_model, tmp_path):
     assert result["completed"] == 2 and result["errors"] == {"short": 2}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_keeps_the_finished_requests(fake, tiny_model, tmp_path, sig, code):
     """SIGINT (to a bench started with SIGINT ignored, as a script's `cmd &` starts it) or SIGTERM mid-run: exit
@@ -181,6 +190,7 @@ def test_a_stop_keeps_the_finished_requests(fake, tiny_model, tmp_path, sig, cod
     assert f"the {result['completed']} requests that finished before the interrupt" in stderr
 
 
+@pytest.mark.integration
 def test_an_unwritable_json_path_is_refused_before_any_request(fake, tiny_model, tmp_path):
     url, requests = fake
     (tmp_path / "a-file").write_text("")
@@ -190,6 +200,8 @@ def test_an_unwritable_json_path_is_refused_before_any_request(fake, tiny_model,
         assert why in last_line(proc)
     assert requests() == 0
 
+
+@pytest.mark.integration
 @pytest.mark.parametrize("fake", [["--metrics", "<html>not Prometheus</html>"]], indirect=True)
 def test_a_metrics_page_that_is_not_prometheus_text_leaves_the_servers_counters_out(fake, tiny_model, tmp_path):
     """A 200 /metrics that is not Prometheus text was a ValueError traceback; bench against an
@@ -201,6 +213,7 @@ def test_a_metrics_page_that_is_not_prometheus_text_leaves_the_servers_counters_
     assert result["completed"] == 4 and result["server_metrics"] is None
 
 
+@pytest.mark.integration
 def test_a_server_that_does_not_answer_tokenize_as_vllm_fails_the_trial_as_data(fake, tiny_model):
     """A /tokenize answer without `max_model_len` (here the fake server's 404) was a KeyError
     traceback out of the trial; it is the trial's failure, saying what the server answered."""

@@ -62,6 +62,7 @@ def test_tune_reads_its_engine_args_and_reference_configs_by_their_declarations(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", ["tune", "bench"])
 def test_a_bad_engine_arg_is_one_line_before_anything_is_probed_or_launched(tiny_model, tmp_path, command):
     """Refused in `resolve`, before vLLM is probed: with vLLM hidden (SERVETUNE_NO_VLLM=1), a probe would fail

@@ -28,6 +28,7 @@ class TestInline(ExecutorContract):
         return lambda slots, work: Inline(work=work)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(60)
 class TestLocalPool(ExecutorContract):
     no_devices = ("on CPU cores a trial's ranks share its slot's cores: any size runs (the GPU case is in "
@@ -38,6 +39,7 @@ class TestLocalPool(ExecutorContract):
         return lambda slots, work: LocalPool(slots, CPU, work=work)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)  # the first test starts Ray
 class TestRayCluster(ExecutorContract):
     devices = RAY_GPUS
@@ -68,6 +70,7 @@ def ray_head_address(ray_session) -> str:
     return ray_session[0]
 
 
+@pytest.mark.integration
 def test_the_test_ray_cluster_listens_on_loopback_only(ray_session):
     address, sid = ray_session
     addresses = listening(set(session_pids(sid)))

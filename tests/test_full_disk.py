@@ -69,6 +69,7 @@ def free(disk: Path, kib: int) -> None:
     os.truncate(filler, filler.stat().st_size - kib * 1024)
 
 
+@pytest.mark.integration
 def test_outputs_that_cannot_be_written_are_refused_before_any_work_and_leave_nothing(fake, tiny_model, tmp_path):
     url, requests = fake
     proc = subprocess.run(bench(url, tiny_model, tmp_path / "new" / "o.json"), capture_output=True, text=True,
@@ -83,6 +84,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work_and_leave_no
     assert requests() == 0 and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_bench_on_a_full_disk_is_refused_before_any_request(fake, tiny_model, full_disk):
     url, requests = fake
     proc = subprocess.run(bench(url, tiny_model, full_disk / "o.json"), capture_output=True, text=True, timeout=120)
@@ -91,6 +93,7 @@ def test_bench_on_a_full_disk_is_refused_before_any_request(fake, tiny_model, fu
     assert requests() == 0 and [p.name for p in full_disk.iterdir()] == ["filler"]
 
 
+@pytest.mark.integration
 def test_a_disk_that_fills_during_a_bench_keeps_the_records_in_the_temporary_directory(fake, tiny_model, full_disk):
     url, _ = fake
     free(full_disk, 64)  # the results fit; 400 requests' records (~600 KiB) do not
@@ -109,6 +112,7 @@ def test_a_disk_that_fills_during_a_bench_keeps_the_records_in_the_temporary_dir
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "o.json"]  # no temporary file left
 
 
+@pytest.mark.integration
 def test_results_that_cannot_be_written_go_to_the_temporary_directory_and_the_run_says_so(fake, tiny_model, tmp_path,
                                                                                           monkeypatch):
     from servetune.measure import benchrun
@@ -156,6 +160,7 @@ class Filling(StandIn):
         return super().submit(job)
 
 
+@pytest.mark.integration
 def test_a_study_whose_disk_fills_during_the_tune_is_one_line_and_keeps_what_it_was_told(tiny_model, full_disk,
                                                                                         monkeypatch, capsys):
     free(full_disk, 512)
@@ -227,6 +232,7 @@ class RecordsFillTheDisk(StandIn):
         return super().submit(job)
 
 
+@pytest.mark.integration
 def test_a_disk_that_fills_during_a_trial_still_gets_summary_json_saying_so(tiny_model, full_disk, tmp_path,
                                                                            monkeypatch, capsys):
     """The output directory's lock file holds room for the outputs, given back when the disk fills: summary.json
@@ -247,6 +253,7 @@ def test_a_disk_that_fills_during_a_trial_still_gets_summary_json_saying_so(tiny
     assert records.stat().st_size > 0 and not (out / StudyLock.FILE).exists()
 
 
+@pytest.mark.integration
 def test_records_that_go_to_the_temporary_directory_are_the_users_alone_and_named_in_the_json(fake, tiny_model,
                                                                                                tmp_path, monkeypatch):
     """`servetune bench`'s fallback records went to /tmp/servetune-PID-*.records.jsonl at 0644 (another
@@ -280,6 +287,7 @@ def test_records_that_go_to_the_temporary_directory_are_the_users_alone_and_name
     assert json.loads(kept.read_text())["records"] == str(kept.with_suffix(".records.jsonl"))
 
 
+@pytest.mark.integration
 def test_records_that_do_not_fit_raise_naming_their_file(full_disk):
     """A write that fails (ENOSPC) has no file name of its own: the tune said "cannot write None"."""
     from servetune.loadgen import LoadResult, RequestRecord

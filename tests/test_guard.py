@@ -13,6 +13,8 @@ import pytest
 from conftest import alive, wait_for
 from servetune.engine import launcher
 
+pytestmark = pytest.mark.integration  # starts processes
+
 GUARD = Path(launcher.__file__).with_name("_guard.py")
 
 

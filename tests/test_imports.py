@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -165,6 +167,7 @@ def test_only_servetune_testing_imports_servetune_testing():
             and any(e.startswith("servetune.testing") for e in edges)] == []
 
 
+@pytest.mark.integration
 def test_the_cli_tuner_and_report_import_neither_vllm_nor_pytest():
     """vLLM is probed in a subprocess (`servetune.engine`), never imported by the tool itself; pytest is for
     `servetune.testing` only."""
@@ -176,6 +179,7 @@ def test_the_cli_tuner_and_report_import_neither_vllm_nor_pytest():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.integration
 def test_servetune_no_vllm_hides_vllm_from_every_python_the_tests_start(tmp_path):
     """What `make test-fast` runs under (tests/no_vllm/): with SERVETUNE_NO_VLLM=1 and that directory on
     PYTHONPATH, a child Python cannot import vLLM (a probe, a server, a worker would fail) and logs the attempt."""
@@ -187,3 +191,21 @@ def test_servetune_no_vllm_hides_vllm_from_every_python_the_tests_start(tmp_path
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.stdout.strip() == "No module named 'vllm' (SERVETUNE_NO_VLLM=1 hides vLLM)", out.stderr[-2000:]
     assert log.read_text().split()[1] == "vllm"
+
+
+@pytest.mark.integration
+def test_under_make_test_unit_a_test_that_starts_a_process_must_be_marked_integration(tmp_path):
+    """What `make test-unit` runs under (SERVETUNE_UNIT=1, tests/conftest.py): a test that starts a process fails
+    unless it is marked `integration`; one that starts none passes."""
+    (tmp_path / "test_x.py").write_text(
+        "import multiprocessing, subprocess, pytest\n"
+        "def test_unmarked():\n    subprocess.run(['true'])\n"
+        "def test_unmarked_worker():\n    multiprocessing.Process(target=print).start()\n"
+        "@pytest.mark.integration\ndef test_marked():\n    subprocess.run(['true'])\n"
+        "def test_in_process():\n    pass\n")
+    env = os.environ | {"SERVETUNE_UNIT": "1", "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                          "-rf", str(tmp_path / "test_x.py")], capture_output=True, text=True, timeout=120, env=env)
+    failed = sorted(line.split("::")[1].split()[0] for line in out.stdout.splitlines() if line.startswith("FAILED"))
+    assert failed == ["test_unmarked", "test_unmarked_worker"], out.stdout[-3000:]
+    assert "mark this test `integration`" in out.stdout and "2 failed, 2 passed" in out.stdout

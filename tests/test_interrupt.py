@@ -4,6 +4,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.integration  # starts processes
+
 
 def test_a_stop_that_lands_in_a_finalizer_is_raised_again_outside_it():
     """Python runs a signal's handler wherever the main thread is, a weakref callback or `__del__` included, and an

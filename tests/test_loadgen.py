@@ -64,6 +64,7 @@ def specs(n, output_len=16, prompt="one two three"):
 
 
 @pytest.mark.parametrize(("endpoint", "chunks"), [("completions", 16), ("chat", 17)])
+@pytest.mark.integration
 def test_every_chunk_and_usage_recorded(fast, endpoint, chunks):
     result = run_load_sync(Target(fast, "m", endpoint), specs(30), LoadShape(request_rate=500))
     assert len(result.records) == 30 and not result.stopped_early
@@ -77,12 +78,14 @@ def test_every_chunk_and_usage_recorded(fast, endpoint, chunks):
     assert result.end_ns >= max(r.end_ns for r in result.records)
 
 
+@pytest.mark.integration
 def test_token_timestamps_follow_the_stream(slow):
     result = run_load_sync(Target(slow, "m"), specs(4, output_len=10), LoadShape(max_concurrency=4))
     itl_ms = np.diff([r.chunk_ns for r in result.records], axis=1) / 1e6
     assert 3 < np.median(itl_ms) < 50  # one token per 5 ms tick
 
 
+@pytest.mark.integration
 def test_warmup_requests_are_recorded_apart(fast):
     seen = []
     result = run_load_sync(Target(fast, "m"), specs(13), LoadShape(warmup_requests=3, request_rate=1000),
@@ -93,6 +96,7 @@ def test_warmup_requests_are_recorded_apart(fast):
     assert summarize(result).completed == 10
 
 
+@pytest.mark.integration
 def test_max_concurrency_is_respected(slow):
     peak_concurrency(slow)
     result = run_load_sync(Target(slow, "m"), specs(24, output_len=4), LoadShape(max_concurrency=3))
@@ -102,6 +106,7 @@ def test_max_concurrency_is_respected(slow):
     assert max(np.cumsum([e for _, e in events])) <= 3
 
 
+@pytest.mark.integration
 def test_waiting_for_a_slot_is_not_schedule_lag(slow):
     """All due at once, one slot: each request waits for the one before it, and its lag counts from the
     moment that one freed its slot."""
@@ -113,6 +118,7 @@ def test_waiting_for_a_slot_is_not_schedule_lag(slow):
         assert r.start_ns - r.scheduled_ns > 15_000_000  # queued behind 4-token streams at 5 ms a token
 
 
+@pytest.mark.integration
 def test_errors_are_recorded_not_raised(fast):
     faults = ["fake:status=500", "fake:close_after=3", "fake:error_after=2"]
     result = run_load_sync(Target(fast, "m"), [RequestSpec(f, 1, 8) for f in faults] + specs(2))
@@ -133,6 +139,7 @@ def test_connection_refused_is_recorded():
     assert all(r.http_status is None and r.end_ns >= r.start_ns for r in result.records)
 
 
+@pytest.mark.integration
 def test_a_stalled_stream_times_out_and_keeps_partial_timestamps(slow):
     """No byte for the request timeout: kind `timeout`, after about that long, with the chunks that came."""
     result = run_load_sync(Target(slow, "m"), specs(1, output_len=8, prompt="fake:stall_after=3"),
@@ -142,6 +149,7 @@ def test_a_stalled_stream_times_out_and_keeps_partial_timestamps(slow):
     assert 0.5 <= (r.end_ns - r.chunk_ns[-1]) / 1e9 < 2
 
 
+@pytest.mark.integration
 def test_a_slow_stream_that_keeps_sending_does_not_time_out(slow):
     """400 tokens at 5 ms each take 2 s, far over a 0.2 s stall limit, but a byte comes every 5 ms."""
     result = run_load_sync(Target(slow, "m"), specs(1, output_len=400), LoadShape(request_timeout_s=0.2))
@@ -149,6 +157,7 @@ def test_a_slow_stream_that_keeps_sending_does_not_time_out(slow):
     assert r.ok and len(r.chunk_ns) == 400
 
 
+@pytest.mark.integration
 def test_a_server_that_never_answers_times_out(fast):
     result = run_load_sync(Target(fast, "m"), specs(2, prompt="fake:hang=1"), LoadShape(request_timeout_s=0.5))
     assert [r.error_kind for r in result.records] == ["timeout", "timeout"]
@@ -156,6 +165,7 @@ def test_a_server_that_never_answers_times_out(fast):
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.integration
 def test_a_stream_that_ends_short_of_max_tokens_fails_as_short(fast, endpoint):
     """ignore_eos asks for exactly max_tokens: a clean end after 3 of 8 (no usage, no [DONE]) is a failure."""
     result = run_load_sync(Target(fast, "m", endpoint), specs(1, output_len=8, prompt="fake:end_after=3"))
@@ -165,11 +175,13 @@ def test_a_stream_that_ends_short_of_max_tokens_fails_as_short(fast, endpoint):
     assert summarize(result).errors == {"short": 1} and summarize(result).completed == 0
 
 
+@pytest.mark.integration
 def test_a_malformed_event_fails_the_request(fast):
     result = run_load_sync(Target(fast, "m"), specs(1, prompt="fake:malformed=1"))
     assert result.records[0].error_kind == "stream"
 
 
+@pytest.mark.integration
 def test_should_stop_cancels_the_rest(slow):
     result = run_load_sync(Target(slow, "m"), specs(200, output_len=40), LoadShape(request_rate=100),
                            should_stop=lambda done: len(done) >= 5)
@@ -180,6 +192,7 @@ def test_should_stop_cancels_the_rest(slow):
     assert (result.end_ns - result.start_ns) / 1e9 < 1.5  # not the 2 s schedule plus the drain
 
 
+@pytest.mark.integration
 def test_records_round_trip_through_jsonl(fast, tmp_path):
     requests = [RequestSpec("fake:status=500", 1, 4), *specs(3)]
     result = run_load_sync(Target(fast, "m"), requests, LoadShape(warmup_requests=1))

@@ -57,6 +57,7 @@ def test_a_resume_with_another_level_window_names_it_and_the_default_one_resumes
     assert tune(options(tiny_model, out, None, resume=True), executor=StandIn({1: 6.0}, out)).trials >= 1
 
 
+@pytest.mark.integration
 def test_a_refused_resume_on_a_missing_out_leaves_no_directory(tiny_model, tmp_path):
     for study in ([], ["--study", f"sqlite:///{tmp_path / 'none.db'}"]):
         proc = subprocess.run([*SERVETUNE, "tune", "--model", str(tiny_model), "--workload", "examples/chat.yaml",
@@ -66,6 +67,7 @@ def test_a_refused_resume_on_a_missing_out_leaves_no_directory(tiny_model, tmp_p
         assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_a_second_bench_on_one_json_is_refused_and_the_first_is_kept(tiny_model, tmp_path):
     fake = subprocess.Popen([sys.executable, str(FAKE_SERVER)], stdout=subprocess.PIPE, text=True)
     try:
@@ -87,6 +89,7 @@ def test_a_second_bench_on_one_json_is_refused_and_the_first_is_kept(tiny_model,
     assert sorted(kept) == ["o.json", "o.records.jsonl"] and sent == 4
 
 
+@pytest.mark.integration
 def test_control_characters_in_what_is_printed_are_escaped(tmp_path):
     """An --out holding ESC and a newline reached the terminal as they were (a colour change, a
     line of the user's making); every printed line shows them escaped, one line each."""

@@ -65,6 +65,7 @@ def test_a_lock_directory_others_can_write_is_refused_in_one_line(shared_tmp):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second user")
+@pytest.mark.integration
 def test_a_second_user_neither_shares_nor_reaches_the_first_users_locks():
     """root holds a port; a forked child that became `nobody` reserves and releases ports in a directory of its
     own, and can neither list root's directory nor remove root's lock file."""
@@ -99,6 +100,7 @@ def test_a_second_user_neither_shares_nor_reaches_the_first_users_locks():
         release_port(port, fd)
 
 
+@pytest.mark.integration
 def test_the_lock_file_of_a_killed_servetune_is_swept_by_the_next_reservation():
     """A process killed while holding a port leaves its file (unlocked); the next reservation removes it."""
     read, write = os.pipe()
@@ -119,6 +121,7 @@ def test_the_lock_file_of_a_killed_servetune_is_swept_by_the_next_reservation():
         release_port(port, fd)
 
 
+@pytest.mark.integration
 def test_a_tune_whose_lock_directory_is_not_its_own_is_refused_in_one_line_before_any_work(tiny_model, tmp_path):
     """A neighbour's `TMPDIR/servetune-UID` (here: one open to everyone): `servetune tune` exits 2 naming it, with
     nothing made in --out."""
@@ -152,6 +155,7 @@ def test_a_servers_compile_cache_lies_in_this_users_own_directory(tmp_path, shar
     assert launcher.Engine("m", {}, tmp_path / "server.log").env()["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
 
 
+@pytest.mark.integration
 def test_importing_torch_leaves_no_compile_cache_in_the_temporary_directory(tiny_model, tmp_path):
     """Importing torch (here for the tokenizer) makes TMPDIR/torchinductor_USER and points TORCHINDUCTOR_CACHE_DIR at
     it; a launch from that process took it for the user's choice, so a neighbour could read and plant the kernels the

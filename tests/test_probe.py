@@ -10,6 +10,8 @@ import pytest
 
 from servetune.engine.installed import probe
 
+pytestmark = pytest.mark.integration  # starts processes
+
 
 @pytest.fixture
 def fake_python(tmp_path, monkeypatch):

@@ -27,8 +27,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "report-screenshot.png"
 WIDTH = 1280
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason=f"{CHROMIUM} is absent (Debian package chromium)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (Debian chromium)")]
 
 PAGE_STATE = """(() => {
   const chart = document.getElementById("pareto-chart");

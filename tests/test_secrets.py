@@ -57,6 +57,7 @@ def test_a_remembered_password_is_hidden_in_any_text_but_a_short_one_only_in_url
     assert redact("a cab at postgresql://bob:ab@h/db") == "a cab at postgresql://bob:***@h/db"
 
 
+@pytest.mark.integration
 def test_a_tune_of_a_postgresql_study_leaves_its_password_nowhere(tiny_model, tmp_path, capfd):
     password = PASSWORDS[3]
     with postgres_server(password) as (storage, _):

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from servetune.testing.simengine import WORKLOADS, Scenario, draw_scenario, judge, simulate
 
+pytestmark = pytest.mark.integration  # whole tunes, simulated
+
 SCENARIOS = range(32)  # seeds of the 15-minute scenarios
 FAMILIES = ("long-reply", "decode-heavy", "heavy-tailed", "chat")  # reply lengths from 32-96 to 64-2000 tokens
 USED = 0.9  # of the limit, unless the budget or the strategy ended the tune, or what is left holds no trial

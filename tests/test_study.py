@@ -81,6 +81,7 @@ def test_a_file_that_is_not_a_study_or_is_corrupt_is_named(tmp_path, damage, mes
     assert digest(path) == before
 
 
+@pytest.mark.integration
 def test_report_leaves_a_zero_byte_study_untouched(tmp_path):
     (tmp_path / "study.db").touch()
     proc = subprocess.run([*SERVETUNE, "report", "--out", str(tmp_path)], capture_output=True, text=True)
@@ -101,6 +102,7 @@ def test_report_on_another_optuna_study_writes_nothing(tmp_path):
     assert digest(path) == before
 
 
+@pytest.mark.integration
 def test_a_failed_resume_in_an_empty_directory_leaves_nothing(tiny_model, tmp_path):
     proc = subprocess.run([*SERVETUNE, "tune", "--model", str(tiny_model), "--workload", "examples/chat.yaml",
                            "--out", str(tmp_path), "--slo", "tpot_p99_ms=50", "--resume"], capture_output=True,

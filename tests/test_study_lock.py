@@ -82,6 +82,7 @@ def test_a_second_tuner_of_a_sqlite_study_through_another_out_is_refused(tiny_mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "shared.db"]  # no lock left
 
 
+@pytest.mark.integration
 def test_a_second_tuner_of_a_postgresql_study_is_refused_naming_the_holder_and_no_password(tiny_model, tmp_path):
     password = "se/cr@t: p%41ss w0rd"
     with postgres_server(password) as (storage, postmaster):
@@ -135,6 +136,7 @@ def test_a_lock_that_cannot_be_written_is_one_line_and_leaves_no_file(tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_on_a_full_disk_the_lock_is_refused_and_no_file_is_left(full_disk):
     with pytest.raises(StudyError, match="cannot write the lock file .*: No space left on device"):
         StudyLock(full_disk, f"sqlite:///{full_disk / 'study.db'}").acquire()

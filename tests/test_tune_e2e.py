@@ -18,6 +18,8 @@ from servetune.engine.ports import free_port
 from servetune.study.record import StudyRecord
 from servetune.study.storage import STUDY_NAME
 
+pytestmark = pytest.mark.integration  # starts processes
+
 SERVETUNE = [sys.executable, "-m", "servetune"]
 WORKLOAD = """\
 num_requests: 60

@@ -42,6 +42,7 @@ def argv(options: dict[str, str | None], *more: str) -> list[str]:
     ({"--workload": str(ROOT / "examples" / "multi-turn.yaml")},
      "error: --workload: vLLM's custom dataset sends each prompt alone"),
 ])
+@pytest.mark.integration
 def test_a_bad_or_missing_option_is_one_line_before_anything_launches(options, change, message):
     proc = subprocess.run(argv(options | change), capture_output=True, text=True, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -49,6 +50,7 @@ def test_a_bad_or_missing_option_is_one_line_before_anything_launches(options, c
     assert not Path(options["--json"]).parent.exists()
 
 
+@pytest.mark.integration
 def test_out_needs_a_tune_directory(tmp_path):
     proc = subprocess.run([*SERVETUNE, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: --out: {tmp_path}: not a tune's output directory")

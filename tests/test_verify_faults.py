@@ -104,6 +104,7 @@ def fake_requests(json_out: Path) -> int:
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.integration
 def test_a_stop_during_servetunes_client_keeps_its_finished_requests_marked_interrupted(tiny_model, tmp_path, sig,
                                                                                         code):
     argv, json_out = verify_argv(tiny_model, tmp_path, prompts=400)
@@ -121,6 +122,7 @@ def test_a_stop_during_servetunes_client_keeps_its_finished_requests_marked_inte
     assert f"what was measured before the stop is in {json_out} (interrupted)" in " ".join(stderr.split())
 
 
+@pytest.mark.integration
 def test_the_json_is_written_once_servetunes_client_is_done_and_a_stop_in_vllms_keeps_it(tiny_model, tmp_path):
     argv, json_out = verify_argv(tiny_model, tmp_path, prompts=20)
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,

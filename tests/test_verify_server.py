@@ -12,6 +12,7 @@ from servetune.verify import SloCheck, VerifyResult, arbiter
 from test_verify_faults import verify_argv
 
 
+@pytest.mark.integration
 def test_the_server_says_which_client_is_right_in_the_json_and_the_console(tiny_model, tmp_path):
     argv, json_out = verify_argv(tiny_model, tmp_path, prompts=40)
     proc = subprocess.run([*argv, "--slo", "ttft_p99_ms=2000", "--slo", "tpot_p99_ms=50"], capture_output=True,
