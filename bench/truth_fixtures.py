@@ -2,8 +2,10 @@
 tune's capacity level (a closed loop, every token's time), vLLM's client's levels at the rates it measured (each
 request's send, first token, end and reply length) and what `bench/goodput_truth.py` found there. Times are
 microseconds from the level's first send; a capacity level's token times are the gaps between them, in 100 us.
+With --tune-levels, the tune's levels of those numbers instead of its capacity level, each with every token's time
+(`tests/test_truth_fixtures.py` decides them again).
 
-usage: .venv/bin/python bench/truth_fixtures.py TRUTH_DIR OUT.json.gz
+usage: .venv/bin/python bench/truth_fixtures.py TRUTH_DIR OUT.json.gz [--tune-levels N ...]
 """
 
 import gzip
@@ -41,19 +43,27 @@ def client_level(path: Path) -> list[list]:
              r.output_tokens] for r in records]
 
 
+def tune_level(path: Path) -> dict:
+    """A tune's level at a finite rate: its rate and timed records with every token's time."""
+    return {"rate": json.loads(path.read_text().split("\n", 1)[0])["request_rate"], **with_tokens(timed(path))}
+
+
 def main() -> None:
-    truth_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    truth_dir, out, tune_levels = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[4:]
     truth = json.loads((truth_dir / "truth" / "truth.json").read_text())
-    capacity = timed(next((truth_dir / "tune" / "trials" / "0000").glob("level-00.records.jsonl")))
+    trial = truth_dir / "tune" / "trials" / "0000"
     fixture = {
         "source": f"{truth_dir} ({truth['command']})",
         "slo": truth["slo"], "truth": truth["truth"],
         "rows": [{k: row.get(k) for k in ("rate", "held", "p99", "keep_up_ratio", "window_s")}
                  for row in truth["rows"]],
-        "capacity_level": with_tokens(capacity),
-        "levels": {f"{row['rate']:.3f}": client_level(truth_dir / "truth" / f"rate-{row['rate']:.3f}.vllm-bench.json")
-                   for row in truth["rows"]},
     }
+    if tune_levels:
+        fixture["tune_levels"] = [tune_level(trial / f"level-{int(n):02d}.records.jsonl") for n in tune_levels]
+    else:
+        fixture["capacity_level"] = with_tokens(timed(trial / "level-00.records.jsonl"))
+        fixture["levels"] = {f"{row['rate']:.3f}": client_level(truth_dir / "truth" / f"rate-{row['rate']:.3f}"
+                                                                ".vllm-bench.json") for row in truth["rows"]}
     out.write_bytes(gzip.compress(json.dumps(fixture, separators=(",", ":")).encode(), mtime=0))
     print(f"{out}: {out.stat().st_size} bytes")
 

@@ -13,6 +13,7 @@ from servetune.loadgen.records import RequestRecord
 from servetune.measure.steady import keeping_up_unshown
 from servetune.measure.verdict import (
     FAIL_SPAN_S,
+    HUGGING,
     Boundaries,
     Decision,
     LevelTest,
@@ -87,7 +88,7 @@ def test_a_level_passes_only_at_its_end_and_fails_as_soon_as_it_shows():
     t = test.tests["ttft_p99_ms"]
     assert (t.over, t.counted, t.requests) == (0, 399, 399) and t.high <= 0.01
     short = level_test({"ttft_p99_ms": 50.0}, 400)
-    for i in range(250):  # stopped early (a deadline): 249 clean requests cannot show a p99
+    for i in range(200):  # stopped early (a deadline): 199 clean requests cannot show a p99 (the last look: 239)
         short.add(record(i))
     assert short.finish() == Decision.UNDECIDED
 
@@ -148,8 +149,37 @@ def test_the_warm_up_requests_are_not_counted():
 def test_an_undecided_level_at_its_end_stays_undecided():
     test = level_test({"ttft_p99_ms": 50.0}, 400)
     for i in range(400):
-        test.add(record(i, ttft_ms=80.0 if i == 7 else 10.0))  # 1 of 400: under 1%, not shown at 95%
-    assert test.finish() == Decision.UNDECIDED
+        test.add(record(i, ttft_ms=80.0 if i in (7, 207) else 10.0))  # 2 of 400: under 1%, not even 1.25% shown
+    assert test.finish() == Decision.UNDECIDED and test.tests["ttft_p99_ms"].high > HUGGING / 100
+
+
+def hugging(n: int, over: set[int], window: int | None = None, longest: int | None = None) -> LevelTest:
+    """A level of `n` requests 100 ms apart, those in `over` over a 50 ms TTFT bound, its window `window` requests
+    long and extendable to `longest` (None: the whole level, one window), fed in send order and finished."""
+    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, due_ns=[k * 100 * MS for k in range(n)],
+                     window_ns=window and window * 100 * MS, longest_ns=longest and longest * 100 * MS)
+    for i in range(n):
+        test.add(record(i, ttft_ms=80.0 if i in over else 10.0))
+    test.finish()
+    return test
+
+
+def test_a_p99_that_hugs_its_bound_passes_at_the_levels_last_look_within_the_indifference_zone():
+    # 1 of 399 over: the upper bound (1.18%) is not within 1% but within 1.25%, the point estimate within 1%; a
+    # level with no more time coming (one window) passes there, and says which limit it passed
+    last = hugging(400, {7})
+    t = last.tests["ttft_p99_ms"]
+    assert last.decision == Decision.PASS and 0.01 < t.high <= 0.0125 and t.limit == pytest.approx(0.0125)
+    assert "(limit 1.25%)" in str(t)
+    # a window that can be extended is not passed at its first look, whose limit is 1%: it is extended, and its end
+    # (the last look) passes 1 of 799 within 1%, or 3 of 799 (0.38%; upper bound 1.02% at 97.5%) within 1.25%
+    for over, high in (({7}, 0.01), ({7, 407, 607}, 0.0125)):
+        test = hugging(800, over, window=400, longest=800)
+        assert test.extended and test.decision == Decision.PASS and 0.005 < test.tests["ttft_p99_ms"].high <= high
+        first_look = hugging(400, over & set(range(400)), window=400, longest=800)
+        assert first_look.extended and first_look.decision == Decision.UNDECIDED  # stopped at the first window's end
+    # a share over at or above 1% is never passed, however well shown: 5 of 399 (1.25%)
+    assert hugging(400, {7, 107, 207, 307, 387}).decision == Decision.UNDECIDED
 
 
 def test_itl_bounds_count_a_requests_gaps_together():
@@ -195,13 +225,13 @@ def level(records: list[RequestRecord]) -> LevelTest:
 
 
 def test_a_level_whose_gaps_over_come_in_one_episode_does_not_pass_on_its_quiet_rest():
-    # 10 req/s of 50-token replies (~10 running at once) for 40 s; 0.4 s of slow steps put a gap over the bound in
-    # every request running through them: 0.39% of the level's gaps, all in one second
-    episode = stepped(400, 100, 50, slow=(20.0, 20.4))
+    # 10 req/s of 50-token replies (~10 running at once) for 40 s; 0.5 s of slow steps put a gap over the bound in
+    # every request running through them: 0.52% of the level's gaps, all in one second
+    episode = stepped(400, 100, 50, slow=(20.0, 20.5))
     over, counted, _, by_request = itl_bounds(episode, 40.0, 0.95, by_window=False)
-    assert 0.003 < over / counted < 0.005 and by_request < 0.01  # by request alone it would pass
+    assert 0.004 < over / counted < 0.006 and by_request < 0.01  # by request alone it would pass
     test = level(episode)
-    assert test.decision == Decision.UNDECIDED and test.tests["itl_p99_ms"].high > 0.01
+    assert test.decision == Decision.UNDECIDED and test.tests["itl_p99_ms"].high > HUGGING / 100
     # as many gaps over, spread through the level (a slow step in every 200), pass
     assert level(stepped(400, 100, 50, slow_every=200)).decision == Decision.PASS
     # a slow step in every 50 (2% of gaps) fails once its requests span FAIL_SPAN_S, and so does a level whose

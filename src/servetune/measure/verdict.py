@@ -6,7 +6,8 @@ requests over each bound as they finish and decides with a binomial bound on tha
 
 - **fail** as soon as the lower confidence bound of the fraction over is above 1%: a failing level ends
   after a few dozen requests;
-- **pass** when the level has sent all its requests (its cap) and the upper confidence bound is within 1%;
+- **pass** when the level has sent all its requests (its cap) and the upper confidence bound is within 1% (at the
+  level's last look, where no more time is coming: within 1.25%, the point estimate within 1%);
 - otherwise **undecided** (not a pass; marked as such).
 
 A pass is decided once, at the level's end, and never early: latency under load is not a sequence of
@@ -66,6 +67,7 @@ CAP_STEP = 50  # levels' caps are rounded up to this for their fail boundaries (
 ITL_WINDOW_S = 1.0  # s: a pass clusters ITL gaps by the window they end in, longer than most bursts of slow steps
 FIRST_FAIL_LOOK = 10  # counted requests before the fail side looks: a level most of whose requests are over ends here
 FAIL_SPAN_S = 10.0  # s of due time the counted requests span before a fail is decided (`LevelTest`)
+HUGGING = 1.25  # a level's last look passes with at most this x 1% over, its point estimate within 1% (`LevelTest`)
 
 
 class Decision(StrEnum):
@@ -88,11 +90,12 @@ class SloTest(BaseModel):
     low: float  # confidence bounds of the fraction over, at the confidence of the look that decided
     high: float
     decision: Decision
+    limit: float = 1 - QUANTILE  # the upper bound's limit for a pass (a level's last look: HUGGING x 1%)
 
     def __str__(self) -> str:
         unit = latency(self.slo).counts
         return (f"{self.slo}: {self.over} of {self.counted} {unit} over {self.bound_ms:g} ms, "
-                f"{100 * self.low:.2f}-{100 * self.high:.2f}% over (limit {100 * (1 - QUANTILE):g}%)")
+                f"{100 * self.low:.2f}-{100 * self.high:.2f}% over (limit {100 * self.limit:g}%)")
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
@@ -275,7 +278,14 @@ class LevelTest:
     A window that ends undecided while every open test's point estimate is within its bound (a p99 that hugs its
     bound: only more requests can show it) is extended, once, to `longest_ns` where that is longer. The pass side
     then looks twice, at the end of each window, each look at half the error (Bonferroni): 0 over of 368 requests
-    is the least that passes at 95% so, where one look passes 0 of 299. The fail side's boundaries are computed
+    is the least that passes at 95% so, where one look passes 0 of 299. A level's last look (the extended window's
+    end, or the only window's where the time affords no extension) has an indifference zone (acceptance sampling's
+    limiting quality): it passes a test whose point estimate is within 1% and whose upper bound is within HUGGING x
+    1%, i.e. at the stated confidence the p98.75 is within the bound, and the measured p99 too (0 of 239 requests
+    over passes there). Where the share over a bound barely grows with the rate (a heavy tail of prompts whose
+    prefills stall every decode: 0.85% of gaps over at one rate, 0.94% at 1.2x it, on the H200), no level near the
+    limit shows 1% at 95% in minutes, and a search that counts them as not passed ended 15-30% below the rate
+    vLLM's client held. The fail side's boundaries are computed
     when the test is made, for all the level's timed requests (`due_ns`, as many as any window can count), before
     the level sends anything: for tens of thousands of requests that takes a second or more, which the client must
     not spend while its arrivals are due."""
@@ -414,20 +424,28 @@ class LevelTest:
         elif final and len(self.tests) == len(self.slo) and all(d == Decision.PASS for d in decisions):
             self.decision = Decision.PASS
 
+    def _limit(self, final: bool, over: int, counted: int) -> float:
+        """The share over a bound that a pass's upper bound must be within: 1%, or at the level's last look (the
+        extended window's end, or the only window's) HUGGING x 1% for a test whose point estimate is within 1%."""
+        p = 1 - QUANTILE
+        last = final and (self.extended or not self.extendable)
+        return HUGGING * p if last and over <= p * counted else p
+
     def _request_test(self, name: str, bound: float, final: bool, may_fail: bool) -> SloTest:
         over, n = self._over[name], self._counted[name]
         assert self.bounds is not None  # a per-request SLO's, set with the window
+        limit = self._limit(final, over, n)
         if (may_fail and n and self.bounds.fails(over, n)
                 and _clustered(self._counted_records, name, bound, self.bounds.fail_confidence)[0] > 1 - QUANTILE):
             decision, confidence = Decision.FAIL, self.bounds.fail_confidence
         else:
             confidence = self.confidence
-            ok = (final and n >= self.first and passes(over, n, confidence)
-                  and _clustered(self._counted_records, name, bound, confidence)[1] <= 1 - QUANTILE)
+            ok = (final and n >= self.first and passes(over, n, confidence, 1 - limit)
+                  and _clustered(self._counted_records, name, bound, confidence)[1] <= limit)
             decision = Decision.PASS if ok else Decision.UNDECIDED
         low, high = clopper_pearson(over, n, confidence)
         return SloTest(slo=name, bound_ms=bound, over=over, counted=n, requests=self.requests, low=low, high=high,
-                       decision=decision)
+                       decision=decision, limit=limit)
 
     def _itl_test(self, name: str, bound: float, final: bool, may_fail: bool) -> SloTest | None:
         if self.requests not in self.looks and not final:
@@ -438,10 +456,10 @@ class LevelTest:
             decision = Decision.FAIL
         else:
             over, counted, low, high = itl_bounds(self._counted_records, bound, self.confidence)
-            ok = final and self.requests >= self.first and high <= p
+            ok = final and self.requests >= self.first and high <= self._limit(final, over, counted)
             decision = Decision.PASS if ok else Decision.UNDECIDED
         return SloTest(slo=name, bound_ms=bound, over=over, counted=counted, requests=self.requests,
-                       low=low, high=high, decision=decision)
+                       low=low, high=high, decision=decision, limit=self._limit(final, over, counted))
 
     def finish(self) -> Decision:
         """The verdict once the level has ended (the last look: pass or fail, else undecided; a level too short
