@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 import outcomes
 from servetune.errors import StudyError
-from servetune.measure.verdict import Decision, SloTest
+from servetune.measure.verdict import Decision, SloTest, StopReason
 from servetune.study.record import (
     RECORD_VERSION,
     HeadToHead,
@@ -93,6 +93,14 @@ def test_the_studys_record_reads_back_as_written(tmp_path):
                             "recommended_goodput_rate", "default_goodput_rate", "reason", "search_trials"]
     assert stored["pick"] == {"trial": 3, "rate": 10.0}  # a pick without its level: no empty fields
     assert stored["head_to_head"]["tests"][0]["decision"] == "fail"
+
+
+def test_a_levels_stop_reason_is_typed_and_stored_as_the_text_studies_hold():
+    for stored in ("decided", "saturated", "time limit", "measured"):
+        level = type(outcomes.level()).model_validate(outcomes.level().model_dump() | {"stopped": stored})
+        assert level.stopped is StopReason(stored) and level.model_dump(mode="json")["stopped"] == stored
+    with pytest.raises(ValueError, match="stopped"):
+        type(outcomes.level()).model_validate(outcomes.level().model_dump() | {"stopped": "bored"})
 
 
 def test_an_older_record_keeps_what_it_stored_and_its_order():

