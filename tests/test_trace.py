@@ -12,7 +12,7 @@ from servetune.loadgen.arrival import replay_ns
 from servetune.measure.bench import measure_level
 from servetune.tinymodel import write_tiny_model
 from servetune.trial.run import LevelOptions, TrialPlan, requests_per_s
-from servetune.workload import WorkloadSpec, build_requests, load_tokenizer, load_workload
+from servetune.workload import RateUnit, WorkloadSpec, build_requests, load_tokenizer, load_workload
 from servetune.workload.spec import WorkloadError
 from servetune.workload.trace import TraceRow, read_trace, trace_rate
 from test_sessions import EchoServer
@@ -118,7 +118,9 @@ def test_prompts_have_the_traced_lengths_and_share_the_traced_blocks(tmp_path, t
 def test_a_traces_rate_is_its_speed_up(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("timestamp,input_tokens,output_tokens\n0,10,4\n")
-    assert trace_spec(path).request_rate == 1.0 and trace_spec(path).rate_unit == "x trace speed"
+    assert trace_spec(path).request_rate == 1.0 and trace_spec(path).rate_unit is RateUnit.TRACE_SPEED
+    assert RateUnit.of(trace_spec(path).model_dump(mode="json")["trace"]) is RateUnit.TRACE_SPEED  # a study's JSON
+    assert WorkloadSpec.random(8, 4, 10).rate_unit is RateUnit.REQUESTS_PER_S == "req/s"
     assert trace_spec(path, request_rate=3).request_rate == 3
     with pytest.raises(ValueError, match="input_len cannot be combined with trace"):
         trace_spec(path, input_len={"type": "fixed", "value": 4})

@@ -18,9 +18,10 @@ from rich.text import Text
 
 from servetune.engine.args import to_argv
 from servetune.measure.benchrun import BenchHooks
-from servetune.measure.slo import LATENCIES, REQUESTS_PER_S, headline_latencies, latency
+from servetune.measure.slo import LATENCIES, headline_latencies, latency
 from servetune.study.outcome import headline_level
 from servetune.trial.hooks import Hooks
+from servetune.workload import RateUnit
 
 if TYPE_CHECKING:
     from servetune.loadgen import RequestRecord
@@ -165,7 +166,7 @@ class TuneProgress(Hooks):
     # Hooks.record, replaced by count_records' own function: one call less per request on the event loop's thread
     record: Callable[["RequestRecord"], None]  # type: ignore[assignment]
 
-    def __init__(self, bar: Progress, budget: int, levels: bool = True, rate_unit: str = REQUESTS_PER_S,
+    def __init__(self, bar: Progress, budget: int, levels: bool = True, rate_unit: RateUnit = RateUnit.REQUESTS_PER_S,
                  slo: Mapping[str, float] | None = None):
         self.bar, self.unit = bar, rate_unit  # a level's rate: req/s, or a trace's speed-up factor
         self.latencies = headline_latencies(slo or {})  # a trial's line shows their p99s

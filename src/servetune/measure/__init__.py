@@ -3,10 +3,10 @@ vocabulary (`slo`) and a level's verdict by statistics (`verdict`); `benchrun` i
 
 from servetune.measure.bench import LevelResult, measure_level
 from servetune.measure.metrics import LevelMetrics, summarize
-from servetune.measure.slo import LATENCIES, REQUESTS_PER_S, Latency, Objective, latency, parse_slo
+from servetune.measure.slo import LATENCIES, Latency, Objective, latency, parse_slo
 from servetune.measure.verdict import Decision, LevelTest, SloTest
 
 __all__ = [
-    "LATENCIES", "REQUESTS_PER_S", "Decision", "Latency", "LevelMetrics", "LevelResult", "LevelTest", "Objective",
+    "LATENCIES", "Decision", "Latency", "LevelMetrics", "LevelResult", "LevelTest", "Objective",
     "SloTest", "latency", "measure_level", "parse_slo", "summarize",
 ]

@@ -21,10 +21,6 @@ class Objective(StrEnum):
     THROUGHPUT = "throughput"  # the request rate at full load (every request at once)
 
 
-REQUESTS_PER_S = "req/s"
-TRACE_SPEED = "x trace speed"  # a trace's rates are speed-up factors (1: as recorded)
-
-
 @dataclass(frozen=True)
 class Latency:
     """A latency servetune bounds at its p99."""
@@ -108,8 +104,3 @@ def good_request(goodput: Mapping[str, float]) -> Callable[[RequestRecord], bool
         assert value is not None  # every goodput key's latency is a request's
         bounds.append((value, bound))
     return lambda record: all((value(record) or 0.0) <= bound for value, bound in bounds)
-
-
-def rate_unit(workload: Mapping[str, Any]) -> str:
-    """What the rates of a workload (a `WorkloadSpec` as JSON) count: req/s, or for a trace its speed-up factor."""
-    return TRACE_SPEED if workload.get("trace") else REQUESTS_PER_S

@@ -14,8 +14,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
-from servetune.measure.slo import REQUESTS_PER_S, Latency, Objective, headline_latencies
+from servetune.measure.slo import Latency, Objective, headline_latencies
 from servetune.study.results import Results, TrialRow
+from servetune.workload import RateUnit
 
 DEFAULT, BEST, FRONT, OTHER, FAILED, SLO = "#6b7280", "#16a34a", "#f59e0b", "#93c5fd", "#dc2626", "#dc2626"
 STYLE: dict[Any, Any] = {"font.size": 10, "axes.titlesize": 11, "axes.titleweight": "bold", "axes.spines.top": False,
@@ -23,7 +24,7 @@ STYLE: dict[Any, Any] = {"font.size": 10, "axes.titlesize": 11, "axes.titleweigh
                          "legend.frameon": False, "savefig.dpi": 120}  # Any: matplotlib's rc keys
 
 
-def value_label(objective: str, rate_unit: str = REQUESTS_PER_S) -> str:
+def value_label(objective: str, rate_unit: RateUnit = RateUnit.REQUESTS_PER_S) -> str:
     """What a trial's value is, in its unit (a trace's goodput rates are speed-up factors)."""
     return f"goodput ({rate_unit} within SLOs)" if objective == Objective.GOODPUT else "throughput (req/s)"
 
@@ -115,7 +116,7 @@ def load_curves(results: Results) -> Figure | None:
     per config through its load levels. The capacity level (every request at once) sits at the rate it achieved.
     None without any level."""
     (rows, default, best), slo = _marked(results), results.meta.slo
-    in_req_s = results.summary.rate_unit == REQUESTS_PER_S  # a trace's levels: at the req/s they offered
+    in_req_s = results.summary.rate_unit == RateUnit.REQUESTS_PER_S  # a trace's levels: at the req/s they offered
     latencies = headline_latencies(slo)
     if not any(_level_points(r, latencies[0], in_req_s) for r in rows):
         return None
@@ -184,7 +185,7 @@ def _load_legend(default: int | None, best: int | None) -> list[Line2D]:
 def param_effects(results: Results, importance: dict[str, float]) -> Figure | None:
     """The objective value of every trial against each searched knob's value; failed configs at zero."""
     (rows, default, best), knobs, objective = _marked(results), results.meta.knobs, results.meta.objective
-    unit = results.summary.rate_unit if objective == Objective.GOODPUT else REQUESTS_PER_S
+    unit = results.summary.rate_unit if objective == Objective.GOODPUT else RateUnit.REQUESTS_PER_S
     names = [k for k in knobs if any(k in r.params for r in rows)]
     if not names:
         return None

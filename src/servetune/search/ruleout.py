@@ -18,10 +18,11 @@ from typing import Any
 
 from scipy import stats
 
-from servetune.measure.slo import ITL, REQUESTS_PER_S
+from servetune.measure.slo import ITL
 from servetune.measure.steady import KEEP_UP_FRACTION
 from servetune.measure.verdict import CONFIDENCE
 from servetune.study.outcome import TrialOutcome
+from servetune.workload import RateUnit
 
 _Z = float(stats.norm.ppf(CONFIDENCE))  # one-sided
 
@@ -34,7 +35,7 @@ class PrefillCost:
     se: float
     trial: int
     rate: float
-    rate_unit: str = REQUESTS_PER_S
+    rate_unit: RateUnit = RateUnit.REQUESTS_PER_S
 
     @property
     def least_ms(self) -> float:

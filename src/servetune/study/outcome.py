@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from servetune.engine.logfacts import FailureKind, StartupFacts
 from servetune.measure.metrics import LevelMetrics
 from servetune.measure.verdict import Decision, SloTest, StopReason
+from servetune.workload import RateUnit
 
 SCHEMA_VERSION = 3  # 2: level verdicts by statistical test (verdict, tests, stopped); wall_s, cut_short
 # 3: goodput_rate None where no level passed (was 0.0); race levels; request_throughput None where no capacity level
@@ -93,7 +94,7 @@ class TrialOutcome(_Frozen):
     schema_version: int = SCHEMA_VERSION
     status: TrialStatus
     config: dict[str, Any]  # the engine args as launched
-    rate_unit: str = "req/s"
+    rate_unit: RateUnit = RateUnit.REQUESTS_PER_S
     startup: StartupFacts | None = None
     levels: list[LevelOutcome] = []
     failure: Failure | None = None

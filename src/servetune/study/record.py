@@ -36,6 +36,7 @@ from servetune.errors import StudyError
 from servetune.measure.slo import Objective
 from servetune.measure.verdict import SloTest
 from servetune.study.outcome import TrialOutcome
+from servetune.workload import RateUnit
 
 RECORD_VERSION = 2  # 2: a trial's `interrupted` in the study's record (`StudyRecord.requeue`); the version kept
 
@@ -217,9 +218,9 @@ class StudyMeta(_Stored):
     min_model_len: int | None = None
 
     @property
-    def rate_unit(self) -> str:
-        """What the study's rates count: req/s, or for a trace its speed-up factor (`WorkloadSpec.rate_unit`)."""
-        return "x trace speed" if self.workload.get("trace") else "req/s"
+    def rate_unit(self) -> RateUnit:
+        """What the study's rates count (`WorkloadSpec.rate_unit`)."""
+        return RateUnit.of(self.workload.get("trace"))
 
     @property
     def confidence(self) -> float | None:

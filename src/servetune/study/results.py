@@ -30,6 +30,7 @@ from servetune.study.record import (
     TuneState,
 )
 from servetune.timelimit import duration
+from servetune.workload import RateUnit
 from servetune.workload.fit import refused_beyond
 
 
@@ -271,7 +272,7 @@ class Summary(_Frozen):
     objective: Objective
     slo: dict[str, int | float]
     confidence: float | None  # of each level's verdict (None: point p99s, before statistical verdicts)
-    rate_unit: str  # req/s, or for a trace its speed-up factor
+    rate_unit: RateUnit
     default: SummaryEntry | None
     best: SummaryEntry | None
     best_beats_default: bool

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from servetune.executors import Job
-from servetune.measure.slo import REQUESTS_PER_S, latency
+from servetune.measure.slo import latency
 from servetune.measure.verdict import Decision
 from servetune.study.outcome import LevelOutcome, TrialOutcome
 from servetune.study.record import HeadToHead, HeadToHeadVerdict, LevelRecord, Role
@@ -26,6 +26,7 @@ from servetune.timelimit import LevelBudget
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import Latency, TrialPlan
 from servetune.tuner.dispatch import Dispatch
+from servetune.workload import RateUnit
 
 HEAD_TO_HEAD_SEED = 1_000  # arrival order of the head-to-head level, apart from the search's seeds
 
@@ -69,7 +70,8 @@ def failed_at_or_below(outcome: TrialOutcome, rate: float) -> LevelOutcome | Non
 
 
 def decide(pick: TrialRow | None, default: TrialRow, level: LevelOutcome | None, pick_level: LevelOutcome | None,
-           rate_unit: str = REQUESTS_PER_S, *, method: str = "head-to-head", missing: str | None = None) -> HeadToHead:
+           rate_unit: RateUnit = RateUnit.REQUESTS_PER_S, *, method: str = "head-to-head",
+           missing: str | None = None) -> HeadToHead:
     """The recommendation from the search rows (`pick`: the best candidate, None when none beat the defaults) and
     the defaults' level that decides it (`level`: their own search's failure at or below the pick's rate, method
     `search`, or the head-to-head's level, method `head-to-head`; None: not measured, `missing` says why), its

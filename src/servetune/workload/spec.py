@@ -1,6 +1,7 @@
 """What a workload file says: request lengths, shared prefixes or a dataset, and the load shape."""
 
 import math
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
@@ -9,6 +10,17 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat
 
 from servetune.errors import ServetuneError
 
+
+class RateUnit(StrEnum):
+    """What a level's rate counts: requests per second, or for a trace its speed-up factor (1: as recorded)."""
+
+    REQUESTS_PER_S = "req/s"
+    TRACE_SPEED = "x trace speed"
+
+    @classmethod
+    def of(cls, trace: object) -> "RateUnit":
+        """The unit of a workload with this trace (None: none)."""
+        return cls.TRACE_SPEED if trace else cls.REQUESTS_PER_S
 
 class WorkloadError(ServetuneError):
     """A workload file, dataset or tokenizer that cannot be used; the message is one line."""
@@ -224,9 +236,9 @@ class WorkloadSpec(_Model):
         return self
 
     @property
-    def rate_unit(self) -> str:
-        """What a level's rate counts: req/s, or for a trace its speed-up factor."""
-        return "x trace speed" if self.trace is not None else "req/s"
+    def rate_unit(self) -> RateUnit:
+        """What a level's rate counts."""
+        return RateUnit.of(self.trace)
 
     @classmethod
     def random(cls, input_len: int, output_len: int, num_requests: int, seed: int = 0, **load: Any) -> Self:
