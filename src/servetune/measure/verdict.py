@@ -182,9 +182,10 @@ def passes(over: int, n: int, confidence: float, quantile: float = QUANTILE) -> 
 
 
 def least_counted(slo: Mapping[str, float], confidence: float, min_requests: int, gaps_per_request: float) -> int:
-    """The fewest requests counted after a level fills up on which it can pass every SLO in `slo` at `confidence`:
-    a request-level p99 with none over its bound (`passes`: 299 at 95%); ITL with as many gaps over the requests,
-    and never fewer requests than `min_requests` (`LevelTest`'s `first`)."""
+    """The fewest requests counted after a level fills up on which it can pass every SLO in `slo` at `confidence`
+    within 1% (a window's first look; a level's last look, within HUGGING x 1%, needs fewer): a request-level p99
+    with none over its bound (`passes`: 299 at 95%); ITL with as many gaps over the requests, and never fewer
+    requests than `min_requests` (`LevelTest`'s `first`)."""
     none_over = math.ceil(math.log(1 - confidence) / math.log(QUANTILE))
     if any(latency(name).per_request is not None for name in slo):
         return max(min_requests, none_over)

@@ -42,7 +42,7 @@ from servetune.testing.batching import Physics, Served, serve
 from servetune.testing.installed import VLLM_CPU, VLLM_H200
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions, TrialPlan, run_trial
-from servetune.tuner.loop import OUT_OF_TIME, Runtime, TuneOptions, tune
+from servetune.tuner.loop import Runtime, TuneOptions, tune
 from servetune.workload import RequestSpec, WorkloadSpec
 from servetune.workload.spec import LogNormal, Normal, Uniform
 
@@ -350,7 +350,8 @@ class SimResult:
     def ended_by(self) -> str:
         """What ended it: the `budget` (every launch made), the `search` (the strategy had nothing left), or the
         `time` limit (launches left that no longer fit)."""
-        if any(f"trials {OUT_OF_TIME}:" in item for item in self.summary.not_done):
+        spent = self.summary.time
+        if spent is not None and spent.next_trial_s is not None:  # set only where the time limit left trials unlaunched
             return "time"
         return "budget" if len(self.rows) >= self.budget else "search"
 

@@ -75,7 +75,15 @@ from servetune.workload import MorePrompts, RequestSpec, WorkloadSpec, build_req
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
-OUT_OF_TIME = "not launched"  # how `not_done` says the time limit left trials of the budget unlaunched
+
+
+@dataclass(frozen=True)
+class NotDone:
+    """One thing the time limit (or a stop) left undone, as the answer says it (`text`); `unlaunched`: trials of the
+    budget that no launch fitted (a search that runs again, after the head-to-head, says it anew)."""
+
+    text: str
+    unlaunched: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,10 +171,10 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
         return tuner.publish(TuneState.TIME_LIMIT if tuner.not_done else TuneState.COMPLETE)
     except (KeyboardInterrupt, OSError) as e:  # a stop, or a write that failed (a disk that filled up)
         if tuner is not None:
-            tuner.not_done.append("interrupted: continue with the same command and --resume"
-                                  if isinstance(e, KeyboardInterrupt) else
-                                  f"stopped: cannot write {e.filename} ({e.strerror}): the trial running then runs "
-                                  "again on --resume")
+            tuner.not_done.append(NotDone("interrupted: continue with the same command and --resume"
+                                          if isinstance(e, KeyboardInterrupt) else
+                                          f"stopped: cannot write {e.filename} ({e.strerror}): the trial running "
+                                          "then runs again on --resume"))
             if isinstance(e, OSError):
                 lock.give_room()
             tuner.publish(TuneState.INTERRUPTED)
@@ -355,7 +363,7 @@ class Tuner:
     hooks: Hooks
     clock: TimePlan
     runtime: Runtime = Runtime()
-    not_done: list[str] = field(default_factory=list)  # what the time limit (or a stop) left undone
+    not_done: list[NotDone] = field(default_factory=list)  # what the time limit (or a stop) left undone
     unlaunched: int = 0  # trials of the budget the time limit left unlaunched
 
     def publish(self, state: TuneState) -> Summary:
@@ -366,7 +374,8 @@ class Tuner:
         next_trial_s = (round(self.clock.trial_s(self.next_trial().first_level_s), 1)
                         if opts.time_limit_s and self.unlaunched else None)
         more_s = sum(t.outcome.needed_s or 0.0 for t in record.measured()) + self.unlaunched * (next_trial_s or 0.0)
-        record.write_progress(Progress(state=state, not_done=self.not_done, time_limit_s=opts.time_limit_s,
+        record.write_progress(Progress(state=state, not_done=[n.text for n in self.not_done],
+                                       time_limit_s=opts.time_limit_s,
                                        elapsed_s=round(self.clock.elapsed(), 1), next_trial_s=next_trial_s,
                                        more_s=round(more_s, 1) if more_s else None))
         results = Results(record)
@@ -382,7 +391,7 @@ class Tuner:
         (then True, with what was not launched in `not_done`); tell the study each outcome as it returns and write
         the outputs."""
         record, budget, clock, running = self.proposer.record, self.proposer.opts.budget, self.clock, self.running
-        self.not_done = [item for item in self.not_done if f"trials {OUT_OF_TIME}:" not in item]
+        self.not_done = [item for item in self.not_done if not item.unlaunched]
         self.unlaunched = 0
         held: Launch | None = None  # proposed, waiting for devices to free up
         announced = None  # the held trial's number once told to the hooks
@@ -442,10 +451,11 @@ class Tuner:
     def _out_of_time(self, left: int, nxt: "NextTrial") -> None:
         budget, self.unlaunched = self.proposer.opts.budget, left
         need = duration(self.clock.trial_s(nxt.first_level_s))
-        self.not_done.append(f"{left} of {budget} trials {OUT_OF_TIME}: the {duration(self.clock.remaining())} left "
-                             f"hold no launch and first deciding level (~{need})"
-                             + (f" beside the head-to-head (~{duration(nxt.reserve_s)})" if nxt.reserve_s else ""))
-        self.hooks.note(f"time limit: {self.not_done[-1]}")
+        self.not_done.append(NotDone(f"{left} of {budget} trials not launched: the {duration(self.clock.remaining())} "
+                                     f"left hold no launch and first deciding level (~{need})"
+                                     + (f" beside the head-to-head (~{duration(nxt.reserve_s)})" if nxt.reserve_s
+                                        else ""), unlaunched=True))
+        self.hooks.note(f"time limit: {self.not_done[-1].text}")
 
     def room_after_head_to_head(self) -> bool:
         """Whether a trial fits again now that the head-to-head ran (it kept its time for a level that passes;
@@ -468,12 +478,12 @@ class Tuner:
         if out.cut_short and not out.levels:
             write_trial(trial, outcome=out)  # its launch took time (`results.time_spent`); it runs again on --resume
             record.requeue(record.trial(job.number), "stopped by the time limit")
-            self.not_done.append(f"trial {job.number} was stopped by the time limit before it measured anything: "
-                                 "queued for --resume")
+            self.not_done.append(NotDone(f"trial {job.number} was stopped by the time limit before it measured "
+                                         "anything: queued for --resume"))
             hooks.trial_lost(job.number, "stopped by the time limit before it measured anything")
             return
         if out.cut_short:
-            self.not_done.append(f"trial {job.number}'s rate search was cut short ({out.cut_short})")
+            self.not_done.append(NotDone(f"trial {job.number}'s rate search was cut short ({out.cut_short})"))
         out = out.model_copy(update={"artifacts": str(job.out_dir.relative_to(proposer.opts.out))})
         write_trial(trial, outcome=out)
         if proposer.memory is not None and out.startup and out.startup.kv_cache_tokens:
@@ -527,7 +537,8 @@ class Tuner:
         assert pick.goodput_rate is not None  # it beat the defaults' (`confirm`)
         if self.clock.remaining() < self.clock.launch_s() + STOP_S:  # the trial sizes its level to what is left
             need = self.next_trial().head_to_head_s(pick.goodput_rate)
-            self.not_done.append(f"the head-to-head with the defaults (~{duration(need)}): the time limit came first")
+            self.not_done.append(NotDone(f"the head-to-head with the defaults (~{duration(need)}): the time limit "
+                                         "came first"))
             return None
         level_set = self.runtime.build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
                                                 count=plan.levels.pool)
@@ -536,7 +547,7 @@ class Tuner:
                                                  baseline=True), latency)
         outcome = run_head_to_head(job, self.running, self.hooks)
         if outcome.cut_short:
-            self.not_done.append(f"the head-to-head with the defaults was cut short ({outcome.cut_short})")
+            self.not_done.append(NotDone(f"the head-to-head with the defaults was cut short ({outcome.cut_short})"))
         return outcome
 
 
