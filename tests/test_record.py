@@ -14,6 +14,7 @@ from servetune.measure.verdict import Decision, SloTest, StopReason
 from servetune.study.record import (
     RECORD_VERSION,
     HeadToHead,
+    HeadToHeadMethod,
     LevelRecord,
     Progress,
     Reference,
@@ -93,6 +94,9 @@ def test_the_studys_record_reads_back_as_written(tmp_path):
                             "recommended_goodput_rate", "default_goodput_rate", "reason", "search_trials"]
     assert stored["pick"] == {"trial": 3, "rate": 10.0}  # a pick without its level: no empty fields
     assert stored["head_to_head"]["tests"][0]["decision"] == "fail"
+    assert record.confirmation.method is HeadToHeadMethod.HEAD_TO_HEAD and stored["method"] == "head-to-head"
+    older = {k: v for k, v in stored["head_to_head"]["tests"][0].items() if k != "limit"}  # stored before limits
+    assert SloTest.model_validate(older).limit == pytest.approx(0.01)
 
 
 def test_a_levels_stop_reason_is_typed_and_stored_as_the_text_studies_hold():

@@ -17,9 +17,9 @@ from servetune.measure.metrics import LevelMetrics
 from servetune.measure.verdict import Decision, SloTest, StopReason
 from servetune.workload import RateUnit
 
-SCHEMA_VERSION = 3  # 2: level verdicts by statistical test (verdict, tests, stopped); wall_s, cut_short
+SCHEMA_VERSION = 4  # 2: level verdicts by statistical test (verdict, tests, stopped); wall_s, cut_short
 # 3: goodput_rate None where no level passed (was 0.0); race levels; request_throughput None where no capacity level
-# finished a request
+# finished a request; 4: each SLO test's pass limit (`SloTest.limit`: 1.25% at a level's last look, 1% before)
 
 
 class TrialStatus(StrEnum):

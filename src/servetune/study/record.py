@@ -285,6 +285,13 @@ class HeadToHeadVerdict(StrEnum):
     DEFAULTS = "defaults"  # no searched config beat the defaults
 
 
+class HeadToHeadMethod(StrEnum):
+    """How the defaults' deciding level was measured (`confirm.decide`)."""
+
+    SEARCH = "search"  # their own search failed at or below the pick's rate
+    HEAD_TO_HEAD = "head-to-head"  # they were launched again at the pick's rate
+
+
 class HeadToHead(_Stored):
     """The head-to-head (`confirm.decide`): the pick's deciding level, the defaults' level that decides it (method
     `search`: their own search's failure at or below the pick's rate; `head-to-head`: the defaults launched again at
@@ -293,7 +300,7 @@ class HeadToHead(_Stored):
     how many trials were measured when it was decided (a resume that measured nothing new keeps it). A study made
     before the head-to-head keeps its pooled confirmation as stored (method None, its own fields kept)."""
 
-    method: str | None = None
+    method: HeadToHeadMethod | None = None
     pick: LevelRecord | None = None
     head_to_head: LevelRecord | None = None
     verdict: HeadToHeadVerdict

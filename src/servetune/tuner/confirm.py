@@ -20,7 +20,7 @@ from servetune.executors import Job
 from servetune.measure.slo import latency
 from servetune.measure.verdict import Decision
 from servetune.study.outcome import LevelOutcome, TrialOutcome
-from servetune.study.record import HeadToHead, HeadToHeadVerdict, LevelRecord, Role
+from servetune.study.record import HeadToHead, HeadToHeadMethod, HeadToHeadVerdict, LevelRecord, Role
 from servetune.study.results import TrialRow
 from servetune.timelimit import LevelBudget
 from servetune.trial.hooks import Hooks
@@ -70,7 +70,8 @@ def failed_at_or_below(outcome: TrialOutcome, rate: float) -> LevelOutcome | Non
 
 
 def decide(pick: TrialRow | None, default: TrialRow, level: LevelOutcome | None, pick_level: LevelOutcome | None,
-           rate_unit: RateUnit = RateUnit.REQUESTS_PER_S, *, method: str = "head-to-head",
+           rate_unit: RateUnit = RateUnit.REQUESTS_PER_S, *,
+           method: HeadToHeadMethod = HeadToHeadMethod.HEAD_TO_HEAD,
            missing: str | None = None) -> HeadToHead:
     """The recommendation from the search rows (`pick`: the best candidate, None when none beat the defaults) and
     the defaults' level that decides it (`level`: their own search's failure at or below the pick's rate, method
@@ -94,7 +95,7 @@ def decide(pick: TrialRow | None, default: TrialRow, level: LevelOutcome | None,
                       + (f" ({missing})" if missing else "")})
     why = "; ".join(level.reasons[:2])
     if level.verdict == Decision.FAIL:
-        where = (f"at {rate:.2f} {rate_unit}" if method == "head-to-head"
+        where = (f"at {rate:.2f} {rate_unit}" if method == HeadToHeadMethod.HEAD_TO_HEAD
                  else f"at {level.rate:.2f} {rate_unit} in their own search, at or below {name}'s {rate:.2f}")
         return decided.model_copy(update={"verdict": HeadToHeadVerdict.CONFIRMED,
                                           "reason": f"the defaults fail {where} ({why})"})

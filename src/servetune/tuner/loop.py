@@ -30,6 +30,7 @@ from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
 from servetune.study.outcome import TrialOutcome
 from servetune.study.record import (
+    HeadToHeadMethod,
     Progress,
     RecordedTrial,
     Reference,
@@ -513,14 +514,14 @@ class Tuner:
         candidates = candidates_of(rows, default, lambda row, base: beats(row, base, Objective.GOODPUT))
         pick = candidates[0] if candidates else None
         level = pick_level = missing = wall_s = None
-        method = "head-to-head"
+        method = HeadToHeadMethod.HEAD_TO_HEAD
         if pick is not None:
             pick_out, default_out = record.trial(pick.trial).outcome, record.trial(default.trial).outcome
             assert pick_out is not None and default_out is not None and pick.goodput_rate is not None  # measured rows
             pick_level = deciding_level(pick_out, pick.goodput_rate)
             level = failed_at_or_below(default_out, pick.goodput_rate)
             if level is not None:
-                method = "search"
+                method = HeadToHeadMethod.SEARCH
             else:
                 outcome = self._head_to_head(default, pick, _latency(pick_out), tokenizer)
                 wall_s = outcome.wall_s if outcome is not None else None
