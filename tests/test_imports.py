@@ -110,7 +110,8 @@ def test_no_import_circles_in_servetune():
 # → study; the tuner runs it all. Each entry is a module or a package (all the modules under it).
 LAYERS = [
     ("servetune", "servetune.errors", "servetune.knobs", "servetune.jsonio", "servetune.safeyaml",
-     "servetune.redact", "servetune.private", "servetune.interrupt", "servetune.timelimit", "servetune.tinymodel"),
+     "servetune.redact", "servetune.private", "servetune.interrupt", "servetune.timelimit", "servetune.tinymodel",
+     "servetune.device"),
     ("servetune.workload",),
     ("servetune.loadgen",),
     ("servetune.engine",),

@@ -8,6 +8,7 @@ import tempfile
 
 import pytest
 
+from servetune.device import DeviceKind
 from servetune.engine.installed import probe
 
 pytestmark = pytest.mark.integration  # starts processes
@@ -46,6 +47,7 @@ def test_a_cpu_builds_answer_is_kept_until_its_install_or_environment_changes(fa
     first = probe(str(python))
     probe.cache_clear()
     assert probe(str(python)) == first and first.on_cpu and probes(tmp_path) == 1
+    assert first.kind is DeviceKind.CPU
     probe.cache_clear()
     (package / "__init__.py").write_text("# upgraded\n")
     assert probe(str(python)) == first and probes(tmp_path) == 2
@@ -60,7 +62,7 @@ def test_a_cpu_builds_answer_is_kept_until_its_install_or_environment_changes(fa
 def test_a_gpus_answer_is_asked_every_time(fake_python):
     python, _, tmp_path = fake_python
     (tmp_path / "device").write_text("cuda")
-    assert not probe(str(python)).on_cpu
+    assert not probe(str(python)).on_cpu and probe(str(python)).kind is DeviceKind.GPU  # vLLM's "cuda": a GPU
     probe.cache_clear()
     probe(str(python))
     assert probes(tmp_path) == 2

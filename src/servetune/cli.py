@@ -26,6 +26,7 @@ from servetune.console import (
     verify_table,
     warn,
 )
+from servetune.device import DeviceKind
 from servetune.errors import ServetuneError
 from servetune.options import (
     BenchArgs,
@@ -367,7 +368,7 @@ def memory(args: MemoryArgs) -> None:
     from servetune.engine.memory import memory_report
     from servetune.jsonio import jsonable
 
-    kind: typing.Literal["cpu", "gpu"] = "cpu" if args.cpu_kvcache_space_gib is not None else "gpu"
+    kind = DeviceKind.of(args.cpu_kvcache_space_gib is not None)
     with one_line_errors():
         try:
             report = memory_report(args.model, args.device_memory_gib, device_kind=kind, device_name=args.device_name,

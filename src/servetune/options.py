@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, cast
 from pydantic import BaseModel, ConfigDict
 from typer import Option
 
+from servetune.device import DeviceKind
 from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable
 from servetune.knobs import optional_help
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from servetune.workload import WorkloadSpec
 
 
-MIN_TIME_LIMIT_S = GUESS_LAUNCH_S["cpu"][0]  # vLLM's first launch on a CPU, as the time plan guesses it
+MIN_TIME_LIMIT_S = GUESS_LAUNCH_S[DeviceKind.CPU][0]  # vLLM's first launch on a CPU, as the time plan guesses it
 MAX_TIME_LIMIT_S = 7 * 86_400.0
 
 

@@ -29,7 +29,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-GUESS_LAUNCH_S = {"cpu": (120.0, 60.0), "gpu": (240.0, 120.0)}  # (first, later) before a launch is measured
+from servetune.device import DeviceKind
+
+# a launch's guessed seconds (the first, a later one) before one is measured
+GUESS_LAUNCH_S = {DeviceKind.CPU: (120.0, 60.0), DeviceKind.GPU: (240.0, 120.0)}
 GUESS_CAPACITY_S = 30.0  # a capacity level's length before any is measured
 STOP_S = 10.0  # stopping a server and writing outputs
 LAUNCH_SPARE = 1.25  # the head-to-head's launch is kept this much longer than launches took: it must not miss
@@ -146,7 +149,7 @@ class TimePlan:
     """A tune's time limit (None: none), its clock and what it measured so far."""
 
     limit_s: float | None
-    device: str = "cpu"  # "cpu" or "gpu": the guess of a launch's cost
+    device: DeviceKind = DeviceKind.CPU  # the guess of a launch's cost
     budget_trials: int = 1  # trials of the budget (the defaults included): the limit's share of a level
     clock: Clock = time
     launches: list[float] = field(default_factory=list)  # measured seconds to ready, in order
@@ -175,7 +178,7 @@ class TimePlan:
         """What the next launch is expected to take (`later`: a launch after one that starts now). The first on a
         machine fills vLLM's compile caches (on the H200, 3m27s against ~1m30s after it), so until a second is
         measured a launch is taken as the smaller of the first and the guess of a later one."""
-        first, after = GUESS_LAUNCH_S.get(self.device, GUESS_LAUNCH_S["cpu"])
+        first, after = GUESS_LAUNCH_S[self.device]
         if len(self.launches) > 1:
             return statistics.median(self.launches[1:])
         return min(self.launches[0], after) if self.launches else after if later else first

@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from servetune.device import DeviceKind
 from servetune.errors import ServetuneError
 from servetune.private import private_dir
 
@@ -35,6 +36,10 @@ class InstalledVllm:
     @property
     def on_cpu(self) -> bool:
         return self.device_type == "cpu"
+
+    @property
+    def kind(self) -> DeviceKind:
+        return DeviceKind.of(self.on_cpu)
 
     def accepts(self, name: str) -> bool:
         return name.replace("-", "_") in self.flags

@@ -21,11 +21,12 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
 
+from servetune.device import DeviceKind
 from servetune.knobs import CPU_KVCACHE_SPACE, knob
 
 GiB = 1 << 30
@@ -110,7 +111,7 @@ class Device:
     """One accelerator (GPU) or one CPU NUMA node, as vLLM sees its total memory."""
 
     memory_bytes: int  # GPU: cudaMemGetInfo total (≈ nvidia-smi total); CPU: the NUMA node's MemTotal
-    kind: Literal["gpu", "cpu"] = "gpu"
+    kind: DeviceKind = DeviceKind.GPU
     cpu_kvcache_space_gib: int | None = None  # env VLLM_CPU_KVCACHE_SPACE (vLLM reads whole GiB)
     name: str = ""  # e.g. "NVIDIA H200": vLLM's batch defaults and capture ceiling look at it
 
@@ -136,7 +137,7 @@ class Calibration(BaseModel):
 
 def default_calibration(device: Device) -> Calibration:
     """The fitted defaults for the device kind (docs/memory.md)."""
-    if device.kind == "cpu":
+    if device.kind == DeviceKind.CPU:
         return Calibration(non_torch_bytes=CPU_NON_TORCH_BYTES, activation_width_factor=0.0,
                            cudagraph_bytes_per_capture_size=0, device=device.name)
     return Calibration(non_torch_bytes=GPU_NON_TORCH_BYTES, activation_width_factor=GPU_ACTIVATION_WIDTH_FACTOR,
@@ -299,7 +300,7 @@ def max_gpu_memory_utilization(device: Device, headroom_bytes: int = DEFAULT_HEA
     return round(math.floor((device.memory_bytes - headroom_bytes) / device.memory_bytes / step + 1e-9) * step, 6)
 
 
-def memory_report(model: str, device_memory_gib: float, *, device_kind: Literal["gpu", "cpu"] = "gpu",
+def memory_report(model: str, device_memory_gib: float, *, device_kind: DeviceKind = DeviceKind.GPU,
                   device_name: str = "", calibration: Calibration | None = None,
                   **engine_args: Any) -> dict[str, Any]:
     """`servetune memory`: the estimate as a JSON-ready dict. `model` is a model directory or config.json;
@@ -314,7 +315,7 @@ def cudagraph_capture_sizes(device: Device, max_num_seqs: int, max_num_batched_t
     """vLLM's default capture sizes (`VllmConfig._set_cudagraph_sizes`, no speculative decoding):
     1, 2, 4, then every 8 below 256, then every 16, up to min(2·max_num_seqs, 512 (1024 on Blackwell),
     max_num_batched_tokens), plus max_num_batched_tokens and max_num_seqs when within it. None on CPU."""
-    if enforce_eager or device.kind == "cpu":
+    if enforce_eager or device.kind == DeviceKind.CPU:
         return []
     ceiling = 1024 if _is_blackwell(device.name) else 512
     largest = min(2 * max_num_seqs, ceiling, max_num_batched_tokens)
@@ -328,14 +329,14 @@ def resolve_engine_args(shape: ModelShape, device: Device, engine_args: Mapping[
     """The memory-relevant args with vLLM's defaults for the OpenAI server filled in (`EngineArgs.
     get_batch_defaults`; CPU platform block size 128). Unknown args are kept; None means unset."""
     args = {k.replace("-", "_"): v for k, v in engine_args.items() if v is not None}
-    on_cpu = device.kind == "cpu"
+    on_cpu = device.kind == DeviceKind.CPU
     tp = args.setdefault("tensor_parallel_size", knob("tensor_parallel_size").vllm_default(on_cpu))
     args.setdefault("gpu_memory_utilization", knob("gpu_memory_utilization").vllm_default(on_cpu))
     args.setdefault("max_model_len", shape.max_position_embeddings)
     for name in ("enforce_eager", "block_size", "kv_cache_dtype"):
         args.setdefault(name, knob(name).vllm_default(on_cpu))
     args.setdefault("dtype", "auto")
-    if device.kind == "cpu":
+    if device.kind == DeviceKind.CPU:
         default_tokens, default_seqs = 2048 * tp, 128 * tp
     elif device.memory_bytes >= 160 * GiB:
         default_tokens, default_seqs = 16384, 1024
@@ -358,9 +359,9 @@ def _plan(shape: ModelShape, device: Device, engine_args: Mapping[str, Any]) -> 
     block_bytes = shape.num_layers * 2 * args["block_size"] * kv_heads * shape.head_dim * kv_dtype_bytes
     width = shape.hidden_size + 2 * shape.intermediate_size / tp
     explicit = args.get("kv_cache_memory_bytes")
-    if device.kind == "cpu" and explicit is None and args.get(CPU_KVCACHE_SPACE) is not None:
+    if device.kind == DeviceKind.CPU and explicit is None and args.get(CPU_KVCACHE_SPACE) is not None:
         explicit = int(float(args[CPU_KVCACHE_SPACE]) * GiB)  # servetune's launcher: fractional GiB
-    if device.kind == "cpu" and device.cpu_kvcache_space_gib is not None:
+    if device.kind == DeviceKind.CPU and device.cpu_kvcache_space_gib is not None:
         explicit = int(device.cpu_kvcache_space_gib) * GiB  # vLLM: the env wins over --kv-cache-memory-bytes
     return _Plan(
         args=args,

@@ -1,7 +1,8 @@
 """Before launching: does a config fit, per servetune's memory model, calibrated on this study's launches."""
 
-from typing import Any, Literal
+from typing import Any
 
+from servetune.device import DeviceKind
 from servetune.engine.installed import InstalledVllm
 from servetune.engine.memory import (
     Calibration,
@@ -33,8 +34,7 @@ class MemoryCheck:
             shape = ModelShape.from_path(model)
         except (OSError, ValueError, KeyError):
             return None
-        kind: Literal["cpu", "gpu"] = "cpu" if vllm.on_cpu else "gpu"
-        return cls(shape, Device(vllm.device_memory_bytes, kind=kind, name=vllm.device_name))
+        return cls(shape, Device(vllm.device_memory_bytes, kind=vllm.kind, name=vllm.device_name))
 
     def misfit(self, config: dict[str, Any]) -> str | None:
         """Why `config` would not start (predicted), or None."""
@@ -45,7 +45,7 @@ class MemoryCheck:
         """The longest max-model-len of which the KV cache of `config` holds one sequence (predicted; vLLM
         refuses to start above it); on a GPU without a gpu_memory_utilization, at the highest
         `gpu_memory_utilization` may choose."""
-        if self.device.kind == "gpu" and config.get("gpu_memory_utilization") is None:
+        if self.device.kind == DeviceKind.GPU and config.get("gpu_memory_utilization") is None:
             headroom = int(HEADROOM_FRACTION * self.device.memory_bytes)
             config = {**config, "gpu_memory_utilization": max_gpu_memory_utilization(self.device, headroom)}
         return predict(self.shape, self.device, config, self.calibration).max_fitting_model_len

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from servetune.device import DeviceKind
 from servetune.engine import EngineFailed, InstalledVllm, LaunchFailure, StartupFacts
 from servetune.engine.logfacts import FailureKind
 from servetune.executors import Job
@@ -51,7 +52,7 @@ WATCH_S = 2.0  # between completions, `should_stop` is asked this often (the rea
 LEVEL_OVERHEAD_S = 0.3  # emptying the prefix cache, opening connections
 FIRST_PASS = 0.4  # of a level's arrivals served first: most levels stop within them (causality keeps it exact)
 STOP_S = 4.0  # stopping a server
-DEFAULTS = {"cpu": (2048, 128), "gpu": (8192, 1024)}  # vLLM's max-num-batched-tokens and max-num-seqs
+DEFAULTS = {DeviceKind.CPU: (2048, 128), DeviceKind.GPU: (8192, 1024)}  # vLLM's max-num-batched-tokens and max-num-seqs
 
 
 class SimClock:
@@ -74,7 +75,7 @@ class Scenario:
     seed: int
     workload: dict[str, Any]
     slo: dict[str, float]
-    device: str = "cpu"  # cpu | gpu: the installed vLLM (its knobs), vLLM's defaults and the launch times
+    device: DeviceKind = DeviceKind.CPU  # the installed vLLM (its knobs), vLLM's defaults and the launch times
     cold_s: float = 120.0  # the first launch
     launch_s: float = 50.0  # later launches (lognormal, sigma 0.15)
     step_ms: float = 2.0  # the machine with vLLM's defaults: a step's fixed cost,
@@ -95,7 +96,7 @@ class Scenario:
 
     @property
     def vllm(self) -> InstalledVllm:
-        return VLLM_CPU if self.device == "cpu" else VLLM_H200
+        return VLLM_CPU if self.device == DeviceKind.CPU else VLLM_H200
 
     def physics(self, config: dict[str, Any]) -> Physics:
         """The engine that serves `config` here: vLLM's defaults where it sets nothing (max-num-seqs at most the
@@ -515,15 +516,15 @@ def draw_scenario(seed: int, limit_s: float | None = 900.0, family: str | None =
     def log_uniform(low: float, high: float) -> float:
         return float(math.exp(rng.uniform(math.log(low), math.log(high))))
 
-    device = "gpu" if rng.random() < 0.3 else "cpu"
+    device = DeviceKind.of(rng.random() >= 0.3)
     drawn = str(rng.choice(list(WORKLOADS)))
     workload = {"num_requests": 400, "seed": int(seed % 1000)} | WORKLOADS[family or drawn]
     effects = {f"enable_prefix_caching={v}": float(rng.uniform(0.97, 1.03)) for v in (True, False)}
-    effects |= {f"enforce_eager={v}": float(rng.uniform(1.0, 1.5) if v and device == "gpu" else 1.0)
+    effects |= {f"enforce_eager={v}": float(rng.uniform(1.0, 1.5) if v and device == DeviceKind.GPU else 1.0)
                 for v in (True, False)}
     effects |= {f"cpu_kvcache_space_gib={v}": v for v in (0.25, 0.5, 1, 2)}
     machine: dict[str, Any]
-    if device == "cpu":
+    if device == DeviceKind.CPU:
         machine = {"cold_s": log_uniform(60, 240), "launch_s": log_uniform(25, 90), "step_ms": log_uniform(0.5, 5),
                    "decode_ms": log_uniform(0.01, 0.3), "prefill_ms_per_token": log_uniform(0.005, 0.1),
                    "kv_tokens": 1 << 19, "noise": 0.1, "stall_share": float(rng.choice([0.0, 0.001, 0.003])),

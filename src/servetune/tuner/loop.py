@@ -159,7 +159,7 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
         more = MorePrompts(opts.workload, str(opts.tokenizer or opts.model), seed=opts.workload.seed + 2000,
                            longest=max(r.min_model_len for s in sets for r in s), build=runtime.build_requests)
         proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage, more)
-        clock.device = "cpu" if proposer.vllm.on_cpu else "gpu"
+        clock.device = proposer.vllm.kind
         tuner = Tuner(proposer=proposer, running=Dispatch(executor), hooks=hooks, clock=clock, runtime=runtime)
         tuner.publish(TuneState.RUNNING)
         while True:
