@@ -8,9 +8,9 @@ With --tune-levels, the tune's levels of those numbers instead of its capacity l
 usage: .venv/bin/python bench/truth_fixtures.py TRUTH_DIR OUT.json.gz [--tune-levels N ...]
 """
 
+import argparse
 import gzip
 import json
-import sys
 from pathlib import Path
 
 from goodput_truth import records_of
@@ -20,7 +20,11 @@ from servetune.loadgen.records import LoadResult, RequestRecord
 
 def timed(path: Path) -> list[RequestRecord]:
     """A records file's timed requests."""
-    return [r for r in LoadResult.load(path).records if not r.warmup]
+    return _timed(LoadResult.load(path))
+
+
+def _timed(load: LoadResult) -> list[RequestRecord]:
+    return [r for r in load.records if not r.warmup]
 
 
 def with_tokens(records: list[RequestRecord]) -> dict:
@@ -45,11 +49,17 @@ def client_level(path: Path) -> list[list]:
 
 def tune_level(path: Path) -> dict:
     """A tune's level at a finite rate: its rate and timed records with every token's time."""
-    return {"rate": json.loads(path.read_text().split("\n", 1)[0])["request_rate"], **with_tokens(timed(path))}
+    load = LoadResult.load(path)
+    return {"rate": load.request_rate, **with_tokens(_timed(load))}
 
 
 def main() -> None:
-    truth_dir, out, tune_levels = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[4:]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("truth_dir", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tune-levels", type=int, nargs="+", default=[], metavar="N")
+    args = parser.parse_args()
+    truth_dir, out, tune_levels = args.truth_dir, args.out, args.tune_levels
     truth = json.loads((truth_dir / "truth" / "truth.json").read_text())
     trial = truth_dir / "tune" / "trials" / "0000"
     fixture = {
@@ -59,7 +69,7 @@ def main() -> None:
                  for row in truth["rows"]],
     }
     if tune_levels:
-        fixture["tune_levels"] = [tune_level(trial / f"level-{int(n):02d}.records.jsonl") for n in tune_levels]
+        fixture["tune_levels"] = [tune_level(trial / f"level-{n:02d}.records.jsonl") for n in tune_levels]
     else:
         fixture["capacity_level"] = with_tokens(timed(trial / "level-00.records.jsonl"))
         fixture["levels"] = {f"{row['rate']:.3f}": client_level(truth_dir / "truth" / f"rate-{row['rate']:.3f}"

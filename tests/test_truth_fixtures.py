@@ -20,6 +20,7 @@ from servetune.measure import verdict
 from servetune.measure.metrics import tpot_ms, ttft_ms
 from servetune.measure.steady import fell_behind, keep_up, keeping_up_unshown, sent_to_the_end
 from servetune.trial.run import CAPACITY_OPENS, capacity
+from test_verdict import fed
 
 FIXTURE = Path(__file__).parent / "fixtures" / "truth-longreply-cpu.json.gz"
 H200 = Path(__file__).parents[1] / "docs" / "results" / "goodput-truth" / "h200-decode-15m" / "truth"
@@ -105,12 +106,7 @@ def test_on_the_h200_the_held_level_keeps_up_and_the_other_does_not_show_it():
 def decided(level: dict, slo: dict[str, float]) -> verdict.LevelTest:
     """A tune's level decided again: its requests fed to the level test as they finished, counted to its end."""
     records = with_tokens(level["records"])
-    test = verdict.LevelTest(slo, first=40, due_ns=[r.scheduled_ns for r in records])
-    for r in sorted(records, key=lambda r: r.end_ns):
-        if test.add(r) != verdict.Decision.UNDECIDED:
-            break
-    test.finish()
-    return test
+    return fed(verdict.LevelTest(slo, first=40, due_ns=[r.scheduled_ns for r in records]), records)
 
 
 def test_a_heavy_tailed_level_whose_p99_itl_hugs_its_bound_passes_where_vllms_client_held_it():

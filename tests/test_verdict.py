@@ -214,14 +214,18 @@ def stepped(requests: int, every_ms: int, tokens: int, slow: tuple[float, float]
     return out
 
 
-def level(records: list[RequestRecord]) -> LevelTest:
-    """A level's test of p99 ITL <= 40 ms fed these records as they finish."""
-    test = level_test({"itl_p99_ms": 40.0}, len(records))
+def fed(test: LevelTest, records: list[RequestRecord]) -> LevelTest:
+    """`test` fed these records as they finish, until it decides, then finished (the level's end)."""
     for r in sorted(records, key=lambda r: r.end_ns):
         if test.add(r) != Decision.UNDECIDED:
-            return test
+            break
     test.finish()
     return test
+
+
+def level(records: list[RequestRecord]) -> LevelTest:
+    """A level's test of p99 ITL <= 40 ms fed these records as they finish."""
+    return fed(level_test({"itl_p99_ms": 40.0}, len(records)), records)
 
 
 def test_a_level_whose_gaps_over_come_in_one_episode_does_not_pass_on_its_quiet_rest():

@@ -393,8 +393,7 @@ class LevelTest:
         within its bound (True: extended, counting goes on)."""
         if not self.extendable or self.extended or self.decision != Decision.UNDECIDED:
             return False
-        if not all(t.over <= (1 - QUANTILE) * t.counted
-                   for t in self.tests.values() if t.decision == Decision.UNDECIDED):
+        if not all(_within(t.over, t.counted) for t in self.tests.values() if t.decision == Decision.UNDECIDED):
             return False
         self.extended = True
         self.counted_range = self._window(self.longest_ns)
@@ -437,9 +436,8 @@ class LevelTest:
     def _limit(self, final: bool, over: int, counted: int) -> float:
         """The share over a bound that a pass's upper bound must be within: 1%, or at the level's last look (the
         extended window's end, or the only window's) HUGGING x 1% for a test whose point estimate is within 1%."""
-        p = 1 - QUANTILE
         last = final and (self.extended or not self.extendable)
-        return HUGGING * p if last and over <= p * counted else p
+        return HUGGING * (1 - QUANTILE) if last and _within(over, counted) else 1 - QUANTILE
 
     def _request_test(self, name: str, bound: float, final: bool, may_fail: bool) -> SloTest:
         over, n = self._over[name], self._counted[name]
@@ -461,15 +459,15 @@ class LevelTest:
         if self.requests not in self.looks and not final:
             return None
         over, counted, low, high = itl_bounds(self._counted_records, bound, self.itl_fail_confidence)
-        p = 1 - QUANTILE
-        if may_fail and low > p:
+        limit = self._limit(final, over, counted)  # the counts are the same at either confidence
+        if may_fail and low > 1 - QUANTILE:
             decision = Decision.FAIL
         else:
             over, counted, low, high = itl_bounds(self._counted_records, bound, self.confidence)
-            ok = final and self.requests >= self.first and high <= self._limit(final, over, counted)
+            ok = final and self.requests >= self.first and high <= limit
             decision = Decision.PASS if ok else Decision.UNDECIDED
         return SloTest(slo=name, bound_ms=bound, over=over, counted=counted, requests=self.requests,
-                       low=low, high=high, decision=decision, limit=self._limit(final, over, counted))
+                       low=low, high=high, decision=decision, limit=limit)
 
     def finish(self) -> Decision:
         """The verdict once the level has ended (the last look: pass or fail, else undecided; a level too short
@@ -477,6 +475,11 @@ class LevelTest:
         if self.decision == Decision.UNDECIDED and self.requests:
             self._decide(final=True)
         return self.decision
+
+
+def _within(over: int, counted: int) -> bool:
+    """The point estimate of the share over a bound is within 1 - QUANTILE (a p99 measured within its bound)."""
+    return over <= (1 - QUANTILE) * counted
 
 
 def _clustered(records: Sequence[RequestRecord], name: str, bound: float, confidence: float) -> tuple[float, float]:

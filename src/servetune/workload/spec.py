@@ -22,6 +22,7 @@ class RateUnit(StrEnum):
         """The unit of a workload with this trace (None: none)."""
         return cls.TRACE_SPEED if trace else cls.REQUESTS_PER_S
 
+
 class WorkloadError(ServetuneError):
     """A workload file, dataset or tokenizer that cannot be used; the message is one line."""
 
