@@ -574,7 +574,8 @@ class Levels:
             stop.test.finish()
         tests = list(stop.test.tests.values()) if stop.test is not None else None
         below = bool(self.capacity and rate <= NEAR_CAPACITY * self.capacity)  # the capacity shows it keeps up
-        verdict = level_verdict(result.metrics, self.plan.slo, tests, stop.why, below)
+        above = bool(self.capacity and math.isfinite(rate) and rate > self.capacity)
+        verdict = level_verdict(result.metrics, self.plan.slo, tests, stop.why, below, above)
         self.levels.append(LevelOutcome(
             name=name, rate=rate, seed=seed, verdict=verdict.decision, passed=verdict.decision == Decision.PASS,
             reasons=verdict.reasons, tests=verdict.tests, stopped=stop.why, metrics=result.metrics,
@@ -599,7 +600,7 @@ def margin(level: LevelOutcome, slo: dict[str, float], capacity: float | None) -
     below = bool(capacity and level.rate <= NEAR_CAPACITY * capacity)
     if level_fell_behind(m, below):
         margins.append(-math.log(max(m.keep_up_ratio or 0.0, 1e-3)))
-    elif capacity and not level.passed:  # a pass above the capacity shows the capacity measured low
+    elif capacity and not level.passed:
         margins.append(math.log(level.rate / capacity))
     return max(margins, default=None)
 
