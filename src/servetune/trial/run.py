@@ -176,23 +176,31 @@ def vllm_server(plan: TrialPlan, engine_args: dict[str, Any], log_path: Path, st
     return VllmServer(engine, plan.workload.endpoint)
 
 
-def saturation_check(slo: dict[str, float], rate: float, schedule_s: float,
-                     clock: Clock = time) -> Callable[[Sequence[RequestRecord]], bool]:
+def saturation_check(slo: dict[str, float], rate: float, schedule_s: float, clock: Clock = time,
+                     first_index: int = 0) -> Callable[[Sequence[RequestRecord]], bool]:
     """A `should_stop` that cuts a level at `rate` req/s once it is clearly saturated: the recent median TTFT or
     TPOT is far past its SLO; it has fallen far behind its arrivals (`behind`); or it runs 50% (plus 10 s) longer
-    than its schedule of `schedule_s` (the queue is growing)."""
-    started = clock.time()
-    lag: list[float] = []  # the p90 end-to-end latency (s) of the first finished: how long keeping up takes
+    than its schedule of `schedule_s` (the queue is growing). Its time counts from its first look (the level's
+    start); how long keeping up takes is the p90 end-to-end latency of the first SATURATION_MIN_FINISHED requests
+    sent (the first timed one's index `first_index`), once all have finished: the first to finish are the short
+    replies, and a lag taken from them (1.3 s where the first sent took 3.9 s, on replies of 32-1000 tokens) cut
+    a level of a server that kept up as behind."""
+    started: list[float] = []
+    lag: list[float] = []
 
     def should_stop(finished: Sequence[RequestRecord]) -> bool:
-        elapsed = clock.time() - started
+        if not started:
+            started.append(clock.time())
+        elapsed = clock.time() - started[0]
         if elapsed > 1.5 * schedule_s + 10:
             return True
         if len(finished) < SATURATION_MIN_FINISHED:
             return False
         if not lag:
-            lag.append(float(np.percentile([e2el_ms(r) for r in finished if r.ok] or [0.0], 90)) / 1000)
-        if behind(len(finished), rate * (min(elapsed, schedule_s) - 2 * lag[0]), elapsed, lag[0]):
+            first = [r for r in finished if r.index < first_index + SATURATION_MIN_FINISHED]
+            if len(first) == SATURATION_MIN_FINISHED:
+                lag.append(float(np.percentile([e2el_ms(r) for r in first if r.ok] or [0.0], 90)) / 1000)
+        if lag and behind(len(finished), rate * (min(elapsed, schedule_s) - 2 * lag[0]), elapsed, lag[0]):
             return True
         recent = [r for r in finished[-10:] if r.ok and r.chunk_ns]
         if not recent:
@@ -492,7 +500,7 @@ class Levels:
                               window_ns=int(window_s * 1e9), fill_ns=int(e2e.p99_s * 1e9), first_index=warmup,
                               confidence=self.plan.levels.confidence, longest_ns=int(longest_s * 1e9))
                     if self.plan.slo else None)
-            saturated = saturation_check(self.plan.slo, per_s, scheduled / per_s, self.clock)
+            saturated = saturation_check(self.plan.slo, per_s, scheduled / per_s, self.clock, warmup)
             stop = LevelStop(test, saturated, deadline, clock=self.clock)
             result = self._send(requests[: warmup + scheduled], rate, warmup, seed, stop)
             if not result.metrics.client_lagging or stop.why == StopReason.TIME_LIMIT:
