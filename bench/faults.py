@@ -455,11 +455,10 @@ def corrupt_study(p: Probe) -> dict:
 
 
 def stand_in_tune(out: Path, rates: dict[int, float], interrupt_head_to_head: bool = False, **kw) -> None:
-    """A tune of the tiny model in `out` whose trials are stood in for (tests/test_tune_stops.py): no vLLM; with
+    """A tune of the tiny model in `out` whose trials are stood in for (tests/support/standins.py): no vLLM; with
     `interrupt_head_to_head`, stopped there as by a Ctrl-C."""
     from servetune.tuner import tune as run_tune
-    from test_study_lock import options
-    from test_tune_stops import StandIn
+    from support.standins import StandIn, options
 
     try:
         run_tune(options(MODEL, out, None, **kw),
@@ -473,7 +472,7 @@ def tune_of_600_level_requests(p: Probe) -> None:
     """A study made with --level-requests 600 (its trial stood in for)."""
     from servetune.options import TuneArgs
     from servetune.tuner import tune as run_tune
-    from test_tune_stops import StandIn
+    from support.standins import StandIn
 
     args = dict(model=str(MODEL), workload=CHAT, out=p.tmp / "out", slo=["tpot_p99_ms=50"], budget=1, confirm=False)
     run_tune(TuneArgs(**args).resolve(), executor=StandIn({0: 5.0}, p.tmp / "out"))
@@ -1010,7 +1009,7 @@ CASES = [
     Case("two bench runs on one --json", "the second refused, the first's files kept", second_refused,
          lambda p: bench(p, *SMALL), prepare=a_first_bench, fake=FAKE),
     Case("the Ray test cluster's addresses", "127.0.0.1 only", passed,
-         lambda p: pytest("tests/test_executor_contract.py", "-k", "loopback"), popen={"cwd": ROOT}),
+         lambda p: pytest("tests/integration/test_executor_contract.py", "-k", "loopback"), popen={"cwd": ROOT}),
     # Issue 37: what a neighbour or a clumsy operator could break (without vLLM).
     Case("a neighbour's symlink in place of the user's own lock directory (TMPDIR/servetune-UID)", "exit 2 in one "
          "line naming it, before any work; nothing made or removed through it",
@@ -1115,7 +1114,7 @@ CASES = [
          "interrupted", disk_filled_tune, run=tune_on_a_filling_disk, files=TUNE_WORKLOAD, disk_kib=160 + 256,
          needs_vllm=True),
     Case("make test from a background job (SIGINT ignored): the SIGINT test of a launch", "passes", passed,
-         lambda p: pytest("tests/test_engine_launch.py", "-k", "never_outlives_servetune"), ignore_sigint=True,
+         lambda p: pytest("tests/e2e/test_engine_launch.py", "-k", "never_outlives_servetune"), ignore_sigint=True,
          popen={"cwd": ROOT}, needs_vllm=True),
 ]
 

@@ -1,9 +1,10 @@
-"""The test fixture of real long-reply levels (tests/test_truth_fixtures.py) from a `bench/goodput_truth.sh` run: the
-tune's capacity level (a closed loop, every token's time), vLLM's client's levels at the rates it measured (each
-request's send, first token, end and reply length) and what `bench/goodput_truth.py` found there. Times are
-microseconds from the level's first send; a capacity level's token times are the gaps between them, in 100 us.
+"""The test fixture of real long-reply levels (tests/unit/measure/test_truth_fixtures.py) from a
+`bench/goodput_truth.sh` run: the tune's capacity level (a closed loop, every token's time), vLLM's client's levels at
+the rates it measured (each request's send, first token, end and reply length) and what `bench/goodput_truth.py`
+found there. Times are microseconds from the level's first send; a capacity level's token times are the gaps between
+them, in 100 us.
 With --tune-levels, the tune's levels of those numbers instead of its capacity level, each with every token's time
-(`tests/test_truth_fixtures.py` decides them again).
+(`tests/unit/measure/test_truth_fixtures.py` decides them again).
 
 usage: .venv/bin/python bench/truth_fixtures.py TRUTH_DIR OUT.json.gz [--tune-levels N ...]
 """

@@ -7,7 +7,7 @@
 set -uo pipefail
 bin=$1
 root=${SYSTEM_ROOT:-}
-has_chromium() { [ -x "$root/usr/bin/chromium" ]; }  # where tests/test_report_browser.py looks
+has_chromium() { [ -x "$root/usr/bin/chromium" ]; }  # where tests/integration/test_report_browser.py looks
 has_postgres() {
   compgen -G "$root/usr/lib/postgresql/*/bin/initdb" >/dev/null ||
     "$bin/python" -c 'import pgserver' 2>/dev/null

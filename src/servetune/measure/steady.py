@@ -10,7 +10,7 @@ completes 90%. Its noise is that of N(b) - N(a): under stationarity at most twic
 and never less than an infinite-server queue's with the level's own sojourn times, 2 x rate x E[min(S, W)], scaled up
 for arrivals burstier than Poisson. On the simulated engine a stationary server at 90% of its capacity shows >= 95%
 (the one-sided 95% lower bound) in >= 95% of its levels, and one 10% past its capacity fails below 95% (the upper
-bound) in >= 95% (tests/test_steady.py), where the level is as long as `keep_up_window_s` asks.
+bound) in >= 95% (tests/unit/measure/test_steady.py), where the level is as long as `keep_up_window_s` asks.
 """
 
 import math

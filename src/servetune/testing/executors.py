@@ -1,5 +1,6 @@
 """The executor contract: one suite that every executor passes, `Inline`, `LocalPool`, `RayCluster` and any
-other (tests/test_executor_contract.py runs it against servetune's three).
+other (tests/unit/executors/test_executor_contract_unit.py runs it against `Inline`,
+tests/integration/test_executor_contract.py against the other two).
 
 Each executor runs the same stand-in `work` instead of a trial (what a real trial cannot do on demand: hold,
 raise, die), so the suite needs no vLLM. A part of the contract an executor cannot keep is skipped with the
@@ -21,7 +22,8 @@ by subclassing `ExecutorContract` in its own tests, giving a factory of executor
             return lambda slots, work: MyExecutor(slots, work=work)
 
 `work` is `stand_in`, a function of this module: a worker in another process imports it from here (or gets it
-by value, as tests/test_executor_contract.py registers it for Ray). Each test waits at most 60 s for a future.
+by value, as tests/integration/test_executor_contract.py registers it for Ray). Each test waits at most 60 s for
+a future.
 This module imports pytest: it is for tests only, and nothing else in servetune imports it."""
 
 import math

@@ -1,7 +1,8 @@
 """A simulated engine on a simulated clock: the real tuner, time plan, trials and verdicts run against it, so a tune
-with a 15-minute limit runs in seconds and hundreds of scenarios can be checked (`tests/test_simulated.py`,
-`bench/simulate.py`). Vidur and BestServe show that simulators of LLM serving plan well enough; this one needs only
-to serve the way a continuous-batching engine does, and to know its own truth.
+with a 15-minute limit runs in seconds and hundreds of scenarios can be checked
+(`tests/integration/test_simulated.py`, `bench/simulate.py`). Vidur and BestServe show that simulators of LLM
+serving plan well enough; this one needs only to serve the way a continuous-batching engine does, and to know its
+own truth.
 
 A scenario (`Scenario`) fixes the machine, the workload, the SLOs and the tune's options. Launches take `launch_s`
 (the first on a machine `cold_s`, filling the compile caches), and a config may fail to start (`fail_share`). Each
