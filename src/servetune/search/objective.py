@@ -16,7 +16,10 @@ class RateSearch:
     the measured capacity. Until a rate passes, each failed rate is followed by one lower by its margin (a level
     whose p99 is 20% over its bound is followed by one at 1 / 1.2 of its rate), by at least `step_down` and at most
     `step_far` (without a margin, by `step_far` after a level that failed by far: most of its requests over a bound,
-    or saturated). Until a rate fails,
+    or saturated), and each level in a row that did not pass doubles the step's log at least (0.85, 0.72, 0.52, 0.5:
+    where a latency sits just over its bound at every rate, its margin asks for small steps and each level is
+    undecided, as vLLM's defaults under a p99 ITL bound on a slow CPU were for three levels and the demo's time).
+    Until a rate fails,
     each passed rate is followed by one higher by its margin, at most by `step_up`. Between the highest passing and
     the lowest failing rate, the next is where the line through their margins crosses zero (`solve_sla`'s root, as
     AIPerf and vLLM's sweep find it; an end kept twice has its margin halved, as in the Illinois method, so that a
@@ -86,12 +89,14 @@ class RateSearch:
 
     def _down(self) -> float:
         """The factor to the next rate below the lowest failure, from its margin: where its p99 is 20% over its
-        bound, 1 / 1.2 (as a latency that grows in proportion to the rate would have it)."""
+        bound, 1 / 1.2 (as a latency that grows in proportion to the rate would have it); and at most step_down
+        squared once for each level before it (none passed yet: the levels in a row that did not)."""
         assert self.failed is not None  # asked below a failure (_next)
+        gallop = max(self.step_far, self.step_down ** (2 ** (len(self.tried) - 1)))
         m = self.margins.get(self.failed)
         if m is None:
-            return self.step_far if self.far and self.far[-1] else self.step_down
-        return min(self.step_down, max(self.step_far, math.exp(-max(m, 0.0))))
+            return min(gallop, self.step_far if self.far and self.far[-1] else self.step_down)
+        return min(gallop, self.step_down, max(self.step_far, math.exp(-max(m, 0.0))))
 
     def _up(self) -> float:
         """The factor to the next rate above the highest pass, from its margin."""
