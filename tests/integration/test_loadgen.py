@@ -99,12 +99,13 @@ def test_errors_are_recorded_not_raised(fast):
 
 @pytest.mark.integration
 def test_a_stalled_stream_times_out_and_keeps_partial_timestamps(slow):
-    """No byte for the request timeout: kind `timeout`, after about that long, with the chunks that came."""
+    """No byte for the request timeout: kind `timeout`, after about that long, with the chunks that came. The timeout
+    counts from the last byte the socket read, which the client stamps a moment later (0.7 ms on a busy VM)."""
     result = run_load_sync(Target(slow, "m"), specs(1, output_len=8, prompt="fake:stall_after=3"),
                            LoadShape(request_timeout_s=0.5))
     (r,) = result.records
     assert r.error_kind == "timeout" and len(r.chunk_ns) == 3
-    assert 0.5 <= (r.end_ns - r.chunk_ns[-1]) / 1e9 < 2
+    assert 0.45 <= (r.end_ns - r.chunk_ns[-1]) / 1e9 < 2
 
 
 @pytest.mark.integration

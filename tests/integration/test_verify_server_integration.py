@@ -14,15 +14,17 @@ from support.verify import verify_argv
 @pytest.mark.integration
 def test_the_server_says_which_client_is_right_in_the_json_and_the_console(tiny_model, tmp_path):
     argv, json_out = verify_argv(tiny_model, tmp_path, prompts=40)
-    proc = subprocess.run([*argv, "--slo", "ttft_p99_ms=2000", "--slo", "tpot_p99_ms=50"], capture_output=True,
+    proc = subprocess.run([*argv, "--slo", "ttft_p99_ms=2000", "--slo", "tpot_p99_ms=500"], capture_output=True,
                           text=True, timeout=120, env=os.environ | {"FAKE_VLLM_CLIENT_LATE_MS": "1000",
-                                                                    "FAKE_TOKEN_DELAY_MS": "5", "COLUMNS": "80"})
+                                                                    "FAKE_TOKEN_DELAY_MS": "150", "COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
     result = VerifyResult.model_validate_json(json_out.read_text())
     ours, theirs = result.servetune, result.vllm
     for client in (ours, theirs):  # each run's own requests, the warm-up left out
         assert client.server["ttft"].histogram.count == client.server["e2el"].histogram.count == 40
-        assert client.server["ttft"].p99.high_ms <= 100  # the fake streams its first token after ~5 ms
+        # the fake's first token comes at its next tick, every 150 ms: the p99 (the slowest of 40) in vLLM's bucket
+        # (100, 250] ms, wide enough that a client's p99 on a busy 2-core machine still falls in it
+        assert client.server["ttft"].p99.high_ms == 250
         assert "tpot" not in client.server  # the fake has no TPOT histogram: that SLO the server cannot arbitrate
     ttft, tpot = ours.slo
     assert ttft.agrees and ttft.server_p99 == ours.server["ttft"].p99 and tpot.agrees is None
