@@ -381,14 +381,9 @@ def full_disk(tmp_path) -> Iterator[Path]:
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, bytes(65536)):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        from support.disk import fill
+
+        fill(where / "filler")
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)

@@ -22,6 +22,7 @@ from servetune import cli
 from servetune.measure.benchrun import BenchOptions, run_bench
 from servetune.study.storage import STUDY_NAME, StudyLock, default_storage
 from servetune.workload import WorkloadSpec
+from support.disk import fill
 from support.paths import FAKE_SERVER, ROOT
 from support.standins import StandIn, options
 
@@ -148,14 +149,7 @@ class Filling(StandIn):
 
     def submit(self, job):
         if len(self.jobs) == 1:
-            fd = os.open(self.disk / "more", os.O_WRONLY | os.O_CREAT)
-            try:
-                while os.write(fd, bytes(65536)):
-                    pass
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            fill(self.disk / "more")
         return super().submit(job)
 
 
