@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import vllm_processes, wait_for  # noqa: E402  (sets the session mark our children inherit)
+from support.disk import fill  # noqa: E402
 
 SERVETUNE = [sys.executable, "-m", "servetune"]
 MODEL = ROOT / ".cache" / "tiny-llama"
@@ -178,14 +179,7 @@ def full_disk(where: Path, free_kib: int) -> Iterator[None]:
     where.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=True, capture_output=True)
     try:
-        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, bytes(65536)):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fill(where / "filler")
         os.truncate(where / "filler", (where / "filler").stat().st_size - free_kib * 1024)
         yield
     finally:
