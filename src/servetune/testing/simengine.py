@@ -390,7 +390,7 @@ SATURATED_REQUESTS = 20_000  # a saturated run's requests: 2,000 ended before a 
 # req/s where a long Poisson run completes 337)
 TRUE_RESOLUTION = 0.01
 TRUE_RUNS = 8  # independent runs (seeds TRUE_SEED, TRUE_SEED + 1, ...) whose steady requests the truth pools: one
-# run's crossing of the bound varies by up to 20% between seeds where a queue's episodes are few and long (seed 15's
+# run's crossing of the bound varied by up to 47% between seeds where a queue's episodes are few and long (seed 15's
 # trial 2: 29-43 req/s over eight seeds), more than the +5% a trial's goodput is judged to; eight pooled, ~2-3%
 TRUE_SEED = 7
 _TRUTHS: dict[int, float] = {}
