@@ -644,11 +644,11 @@ def judge(scenario: Scenario, result: SimResult, ladder: bool = True, trials: bo
     too."""
     workload = WorkloadSpec.model_validate(scenario.workload)
 
-    def truth(config: dict[str, Any], runs: int = LADDER_RUNS) -> float:
-        return true_goodput(scenario.physics(config), scenario.slo, workload, runs=runs)
+    def truth(config: dict[str, Any], pooled: int = LADDER_RUNS) -> float:
+        return true_goodput(scenario.physics(config), scenario.slo, workload, runs=pooled)
 
     def trial_truth(row: Any) -> TrialTruth:
-        physics, true = scenario.physics(row.config), truth(row.config, runs)
+        physics, true = scenario.physics(row.config), truth(row.config, pooled=runs)
         decidable = bool(true) and over_share(physics, scenario.slo, workload, 0.85 * true, runs=runs) <= SHOWABLE and (
             true >= saturated_throughput(physics, workload)
             or over_share(physics, scenario.slo, workload, 1.05 * true, runs=runs) >= REFUTABLE)
