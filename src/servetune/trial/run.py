@@ -67,7 +67,7 @@ KEEP_UP_WINDOW_MAX_S = 120.0  # a level's window grows to what its keep-up test 
 NEAR_CAPACITY = 0.85  # ... at a rate this close to the capacity or above it; below, the capacity shows it keeps up
 TAIL_SPARE = 1.5  # arrivals go on this many p99 latencies past the window: its last replies finish under load
 POOL_LEVELS = 6  # the prompt pool holds this many levels of `requests`
-EXTEND = 4  # a level undecided with its p99s within their bounds counts on to this many windows (`LevelTest`)
+EXTEND = 4  # a level undecided at its window's end counts on to this many windows (`LevelTest`)
 DRAIN_GUESS_S = 10.0  # a level's p99 latency before any level was measured
 FILL_SPARE = 5  # requests beyond what a pass rests on (`--level-requests` must leave room for a fill)
 

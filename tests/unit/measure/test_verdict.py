@@ -19,6 +19,7 @@ from servetune.measure.verdict import (
     SloTest,
     binomial_cdf,
     clopper_pearson,
+    design_effect,
     fail_reasons,
     itl_bounds,
     level_verdict,
@@ -181,6 +182,44 @@ def test_a_p99_that_hugs_its_bound_passes_at_the_levels_last_look_within_the_ind
         assert first_look.extended and first_look.decision == Decision.UNDECIDED  # stopped at the first window's end
     # a share over at or above 1% is never passed, however well shown: 5 of 399 (1.25%)
     assert hugging(400, {7, 107, 207, 307, 387}).decision == Decision.UNDECIDED
+
+
+def queued(n: int, near: set[int], near_ms: float = 45.0, over: frozenset[int] = frozenset({500}),
+           finish: bool = True) -> LevelTest:
+    """A level of 4,000 requests 100 ms apart under a 50 ms TTFT bound, its window the first 1,000 and extendable to
+    all: 10 ms, those in `near` `near_ms`, those in `over` 80 ms; the first `n` fed in send order (and finished)."""
+    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, due_ns=[k * 100 * MS for k in range(4000)],
+                     window_ns=1000 * 100 * MS, longest_ns=4000 * 100 * MS)
+    for i in range(n):
+        test.add(record(i, ttft_ms=80.0 if i in over else near_ms if i in near else 10.0))
+    if finish:
+        test.finish()
+    return test
+
+
+def test_a_first_window_whose_requests_near_the_bound_come_in_runs_counts_on_to_its_longest():
+    # a queue that comes and goes: every 80th request starts a run of 12 near the 50 ms bound (15% of requests),
+    # one of the first 1,000 over it. As independent requests, 1 of 1,000 passes the first window's look; in runs
+    # of ~12 it is ~80 draws, and the window is extended
+    runs = {k + j for k in range(0, 4000, 80) for j in range(12)}
+    effect = design_effect([45.0 if i in runs else 10.0 for i in range(1000)], 50.0)
+    assert 8 < effect < 16
+    first = queued(1001, runs, finish=False)  # to the first window's end
+    t = first.tests["ttft_p99_ms"]
+    assert first.extended and first.decision == Decision.UNDECIDED
+    assert t.effective is not None and t.effective < t.counted / 8 and f"as {t.effective:.0f} independent" in str(t)
+    # at the longest window's end (the last look) its requests count as they are: 1 of ~4,000 passes, and so do
+    # runs further under the bound (under 0.8 of it: a TPOT that its neighbours share says nothing of the bound) and
+    # as many near it spread one by one, each at its first window
+    longest = queued(4000, runs)
+    assert longest.decision == Decision.PASS and longest.tests["ttft_p99_ms"].effective is None
+    spread = {i for i in range(4000) if i % 7 == 3}
+    assert design_effect([45.0 if i in spread else 10.0 for i in range(1000)], 50.0) < 1.5
+    for near, near_ms in ((spread, 45.0), (runs, 35.0)):
+        test = queued(4000, near, near_ms)
+        assert test.decision == Decision.PASS and not test.extended
+    # an episode in the extension (40 over from request 2,000) is seen: no pass
+    assert queued(4000, runs, over=frozenset({500, *range(2000, 2040)})).decision != Decision.PASS
 
 
 def test_itl_bounds_count_a_requests_gaps_together():
