@@ -111,11 +111,6 @@ class SloTest(BaseModel):
                 f"{100 * self.low:.2f}-{100 * self.high:.2f}% over (limit {100 * self.limit:g}%)")
 
 
-def binomial_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p)."""
-    return float(stats.binom.cdf(k, n, p))
-
-
 def clopper_pearson(over: float, n: float, confidence: float) -> tuple[float, float]:
     """One-sided bounds, each at `confidence`, of a binomial fraction seen as `over` of `n`: the beta quantiles
     of Clopper and Pearson (of effective counts too, as Korn and Graubard 1998 use them for correlated samples)."""
@@ -180,16 +175,11 @@ def _binomial_pmf(n: int, p: float) -> np.ndarray:
     return pmf[: int(np.flatnonzero(pmf > 1e-18).max()) + 1]
 
 
-def passes(over: int, n: int, confidence: float, quantile: float = QUANTILE) -> bool:
-    """One look: the upper Clopper-Pearson bound of `over` of `n` at `confidence` is within 1 - quantile."""
-    return n > 0 and binomial_cdf(over, n, 1 - quantile) <= 1 - confidence
-
-
 def least_counted(slo: Mapping[str, float], confidence: float, min_requests: int, gaps_per_request: float) -> int:
     """The fewest requests counted after a level fills up on which it can pass every SLO in `slo` at `confidence`
     within 1% (a window's first look; a level's last look, within HUGGING x 1%, needs fewer): a request-level p99
-    with none over its bound (`passes`: 299 at 95%); ITL with as many gaps over the requests, and never fewer
-    requests than `min_requests` (`LevelTest`'s `first`)."""
+    with none over its bound (`clopper_pearson`'s upper bound within 1%: 299 at 95%); ITL with as many gaps over
+    the requests, and never fewer requests than `min_requests` (`LevelTest`'s `first`)."""
     none_over = math.ceil(math.log(1 - confidence) / math.log(QUANTILE))
     if any(latency(name).per_request is not None for name in slo):
         return max(min_requests, none_over)
@@ -448,18 +438,19 @@ class LevelTest:
         per_request = latency(name).per_request
         assert per_request is not None and self.bounds is not None  # a per-request SLO's, set with the window
         limit, effective = self._limit(final, over, n), float(n)
-        if (may_fail and n and self.bounds.fails(over, n)
-                and _clustered(self._counted_records, name, bound, self.bounds.fail_confidence)[0] > 1 - QUANTILE):
-            decision, confidence = Decision.FAIL, self.bounds.fail_confidence
-        else:
-            confidence = self.confidence
-            if final and n and self.extendable and not self.extended:  # the first window's look: runs count on
-                effective /= design_effect([v for r in self._counted_records if (v := per_request(r)) is not None],
-                                           bound)
-            ok = (final and n >= self.first and clopper_pearson(over * effective / n, effective, confidence)[1] <= limit
-                  and _clustered(self._counted_records, name, bound, confidence)[1] <= limit)
-            decision = Decision.PASS if ok else Decision.UNDECIDED
+        fail = bool(may_fail and n and self.bounds.fails(over, n)
+                    and _clustered(self._counted_records, name, bound, self.bounds.fail_confidence)[0] > 1 - QUANTILE)
+        confidence = self.bounds.fail_confidence if fail else self.confidence
+        if not fail and final and n and self.extendable and not self.extended:  # the first window's look: runs count
+            effective /= design_effect([v for r in self._counted_records if (v := per_request(r)) is not None], bound)
         low, high = clopper_pearson(over * effective / n if n else 0, effective, confidence)
+        if fail:
+            decision = Decision.FAIL
+        elif (final and n >= self.first and high <= limit
+              and _clustered(self._counted_records, name, bound, confidence)[1] <= limit):
+            decision = Decision.PASS
+        else:
+            decision = Decision.UNDECIDED
         return SloTest(slo=name, bound_ms=bound, over=over, counted=n, requests=self.requests, low=low, high=high,
                        decision=decision, limit=limit, effective=effective if effective < n else None)
 
