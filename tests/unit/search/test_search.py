@@ -132,8 +132,9 @@ def test_the_next_rate_follows_the_levels_margins():
     far = RateSearch(capacity=10.0)
     far.tell(9.0, False, margin=math.log(3.0))
     assert far.next_rate() == pytest.approx(4.5)
-    # a pass at half its bound steps up by at most half; one near its bound by a little
-    room = RateSearch(capacity=10.0)
+    # a pass at half its bound steps up by at most half (where the search's start is no higher); one near its bound
+    # by a little
+    room = RateSearch(capacity=6.0)
     room.tell(4.0, True, margin=math.log(0.5))
     assert room.next_rate() == pytest.approx(6.0)
     close = RateSearch(capacity=10.0)
@@ -149,6 +150,27 @@ def test_the_next_rate_follows_the_levels_margins():
     edge.tell(6.0, True, margin=-0.01)
     edge.tell(9.0, False, margin=0.5)
     assert edge.next_rate() == pytest.approx(6.75)
+
+
+def test_a_race_passed_with_room_far_below_the_capacity_goes_on_where_the_search_starts():
+    # The simulated seed 72 (b910c69): a candidate with a capacity of 14.4 req/s passed its race at 1.93, then
+    # climbed 2.16, 3.24, 4.86, 7.30 (1.5x a level, every one passed) and ran out of levels at 0.60x its truth;
+    # seed 55's climbed 1.3x a level from 3.42 to 14.57 (0.55x), its p99 ITL ~0.6-0.7x its bound at every rate.
+    far = RateSearch(capacity=14.4, max_levels=5)
+    far.tell(1.93, True, margin=math.log(0.3))
+    far.tell(2.16, True, margin=math.log(0.3))
+    assert far.next_rate() == pytest.approx(0.9 * 14.4)
+    far.tell(0.9 * 14.4, False, margin=math.log(1.2))
+    assert 2.16 < far.next_rate() < 0.9 * 14.4  # inside the bracket
+    near = RateSearch(capacity=14.4)  # a race passed near its bound: by its margin
+    near.tell(1.93, True, margin=math.log(0.9))
+    assert near.next_rate() == pytest.approx(1.93 * 1.1)
+    flat = RateSearch(capacity=26.0)  # a p99 flat in the rate at 0.7x its bound (seed 55): to the start as well
+    flat.tell(3.42, True, margin=math.log(0.7))
+    assert flat.next_rate() == pytest.approx(0.9 * 26.0)
+    above = RateSearch(capacity=14.4)  # past the start: by at most step_up
+    above.tell(13.0, True, margin=math.log(0.3))
+    assert above.next_rate() == pytest.approx(13.0 * 1.5)
 
 
 def test_rate_search_stops_after_max_levels_and_when_nothing_passes():
