@@ -56,7 +56,7 @@ from scipy import stats
 from servetune.loadgen.records import RequestRecord
 from servetune.measure.metrics import LevelMetrics, e2el_ms, itls_ms
 from servetune.measure.slo import latency
-from servetune.measure.steady import fell_behind, keeping_up_unshown
+from servetune.measure.steady import Window, fell_behind, keep_up, keeping_up_unshown
 
 QUANTILE = 0.99  # the SLOs are p99s
 CONFIDENCE = 0.95
@@ -263,43 +263,47 @@ class LevelTest:
     FAIL as soon as an SLO's count shows it; `finish` when the level has ended gives the rest (PASS, or
     UNDECIDED).
 
-    The requests counted are those due in the level's steady window: from the end of its fill for `window_ns`
-    (None: to the end of its schedule), by their due times `due_ns` (ns after the level's origin, in send order,
-    the first timed request's `first_index`). Those due while the level fills up meet a server that is not yet as
-    loaded as it will be (steady-state output analysis deletes such a warm-up the same way): the fill lasts at
-    least `fill_ns`, and at least the p90 end-to-end latency of the first RAMP_SAMPLE requests sent (all of them,
-    long ones included: the first to finish are the short ones) from the first one's due time. Requests are taken
-    in send order and counted only once every request due before them has finished (the requests still in flight
-    are the slow ones, and a count that left them out would lean toward passing); `complete` says every request of
-    the window was counted. A request that failed (an HTTP error, a reply cut short, a lost connection) fails the
-    level at once, as any error does; one cancelled (the level stopped) never finished and counts as nothing.
-    `first` is the fewest requests a pass rests on. The fail side looks from FIRST_FAIL_LOOK counted requests on
-    (its boundaries pay for every look up to the longest window), and only once the counted requests span
-    FAIL_SPAN_S of due time (or the whole window) and their excess over the bound holds with requests clustered by
-    the second they were due (`_clustered`): one stall of a busy machine, which puts every request in flight
-    over a bound at once, does not fail a level alone.
+    The requests counted are those due in the level's steady window: from the end of its fill for the first of
+    `windows_ns` (None: to the end of its schedule), by their due times `due_ns` (ns after the level's origin, in send
+    order, the first timed request's `first_index`). Those due while the level fills up meet a server that is not yet as
+    loaded as it will be (steady-state output analysis deletes such a warm-up the same way): the fill lasts at least
+    `fill_ns`, and at least the p90 end-to-end latency of the first RAMP_SAMPLE requests sent (all of them, long ones
+    included: the first to finish are the short ones) from the first one's due time. Requests are taken in send order
+    and counted only once every request due before them has finished (the requests still in flight are the slow ones,
+    and a count that left them out would lean toward passing); `complete` says every request of the window was counted.
+    A request that failed (an HTTP error, a reply cut short, a lost connection) fails the level at once, as any error
+    does; one cancelled (the level stopped) never finished and counts as nothing. `first` is the fewest requests a pass
+    rests on. The fail side looks from FIRST_FAIL_LOOK counted requests on (its boundaries pay for every look up to the
+    longest window), and only once the counted requests span FAIL_SPAN_S of due time (or the whole window) and their
+    excess over the bound holds with requests clustered by the second they were due (`_clustered`): one stall of a busy
+    machine, which puts every request in flight over a bound at once, does not fail a level alone.
 
-    A window that ends undecided (a p99 that hugs its bound, or a queue episode that a short window holds or
-    misses: only more requests can show which side it is on) is extended, once, to `longest_ns` where that is
-    longer. The pass side then looks twice, at the end of each window, each look at half the error (Bonferroni): 0
-    over of 368 requests is the least that passes at 95% so, where one look passes 0 of 299. The first window's look
-    counts its requests as the independent draws they are (`design_effect`): where those near a bound come in runs
-    (a queue's episodes, near a config's limit), a window too short to see an episode counts on to its longest
-    before it passes. A level's last look (the extended window's
-    end, or the only window's where the time affords no extension) has an indifference zone (acceptance sampling's
-    limiting quality): it passes a test whose point estimate is within 1% and whose upper bound is within HUGGING x
-    1%, i.e. at the stated confidence the p98.75 is within the bound, and the measured p99 too (0 of 239 requests
-    over passes there). Where the share over a bound barely grows with the rate (a heavy tail of prompts whose
-    prefills stall every decode: 0.85% of gaps over at one rate, 0.94% at 1.2x it, on the H200), no level near the
-    limit shows 1% at 95% in minutes, and a search that counts them as not passed ended 15-30% below the rate
-    vLLM's client held. The fail side's boundaries are computed
-    when the test is made, for all the level's timed requests (`due_ns`, as many as any window can count), before
-    the level sends anything: for tens of thousands of requests that takes a second or more, which the client must
-    not spend while its arrivals are due."""
+    A window that ends undecided (a p99 that hugs its bound, or a queue episode that a short window holds or misses:
+    only more requests can show which side it is on) is extended, once, to the second of `windows_ns` where that is
+    longer; so is one whose tests pass where the level's keeping up decides it too (`keep_up`: near its trial's
+    capacity) and the window shows neither that the server kept up nor that it fell behind (the number in flight near a
+    config's limit swings by more than a window's growth: on the simulated engine a chat config's levels at 0.86x and
+    0.89x its true goodput completed 99% and 95% of their arrivals, at least 93.8% and 92.9% within noise, and the
+    search ended at 0.83x). The pass side then looks twice, at the end of each window, each look at half the error
+    (Bonferroni): 0 over of 368 requests is the least that passes at 95% so, where one look passes 0 of 299. The first
+    window's look counts its requests as the independent draws they are (`design_effect`): where those near a bound come
+    in runs (a queue's episodes, near a config's limit), a window too short to see an episode counts on to its longest
+    before it passes. A level's last look (the extended window's end, or the only window's where the time affords no
+    extension) has an indifference zone (acceptance sampling's limiting quality): it passes a test whose point estimate
+    is within 1% and whose upper bound is within HUGGING x 1%, i.e. at the stated confidence the p98.75 is within the
+    bound, and the measured p99 too (0 of 239 requests over passes there). Where the share over a bound barely grows
+    with the rate (a heavy tail of prompts whose prefills stall every decode: 0.85% of gaps over at one rate, 0.94% at
+    1.2x it, on the H200), no level near the limit shows 1% at 95% in minutes, and a search that counts them as not
+    passed ended 15-30% below the rate vLLM's client held. The fail side's boundaries are computed when the test is
+    made, for all the level's timed requests (`due_ns`, as many as any window can count), before the level sends
+    anything: for tens of thousands of requests that takes a second or more, which the client must not spend while its
+    arrivals are due."""
 
-    def __init__(self, slo: Mapping[str, float], first: int, due_ns: Sequence[int], window_ns: int | None = None,
-                 fill_ns: int = 0, first_index: int = 0, confidence: float = CONFIDENCE, longest_ns: int | None = None):
-        self.slo, self.first = dict(slo), first
+    def __init__(self, slo: Mapping[str, float], first: int, due_ns: Sequence[int],
+                 windows_ns: tuple[int, int] | None = None, fill_ns: int = 0, first_index: int = 0,
+                 confidence: float = CONFIDENCE, keep_up: float | None = None):
+        self.slo, self.first, self.keep_up = dict(slo), first, keep_up
+        window_ns, longest_ns = windows_ns or (None, None)
         self.due_ns, self.window_ns, self.min_fill_ns = list(due_ns), window_ns, fill_ns
         self.extendable = window_ns is not None and longest_ns is not None and longest_ns > window_ns
         self.longest_ns = longest_ns if self.extendable else window_ns
@@ -320,6 +324,7 @@ class LevelTest:
         self._over = {name: 0 for name in slo}
         self._counted = {name: 0 for name in slo}
         self._counted_records: list[RequestRecord] = []
+        self._seen: list[RequestRecord] = []  # every request finished, where keeping up is judged here
         self.requests = 0
         self.tests: dict[str, SloTest] = {}
         self.decision = Decision.UNDECIDED
@@ -336,14 +341,30 @@ class LevelTest:
             self.decision = Decision.FAIL
             return self.decision
         self._waiting[record.index] = record
+        if self.keep_up is not None:
+            self._seen.append(record)
         if self.counted_range is None and not self._set_window():
             return self.decision
         grew = self._take()
         if grew and self.complete and self.extendable and not self.extended:  # the first window's look
             self._decide(final=True)
+            if self.decision == Decision.PASS and self._keeping_up_unshown():
+                self.decision = Decision.UNDECIDED  # its keeping up is shown, if at all, by the longer window
             if self._extend():
                 self._take()
         return self.decision
+
+    def _keeping_up_unshown(self) -> bool:
+        """At the first window's end, where this test judges keeping up (`keep_up`, the arrivals' burstiness): the
+        window neither shows that the server kept up nor that it fell behind (`steady.keep_up`). Every request due
+        before the window's end has finished by then (they are counted in send order), so the requests in flight
+        over the window are known."""
+        first = next((r for r in self._seen if r.index == self._first_index), None)
+        if self.keep_up is None or first is None or self.fill_end_ns is None or self.window_ns is None:
+            return False
+        start = first.scheduled_ns - self.due_ns[0] + self.fill_end_ns
+        kept = keep_up(self._seen, Window(start, start + self.window_ns), self.keep_up)
+        return keeping_up_unshown(kept.ratio, kept.se) is not None and fell_behind(kept.ratio, kept.se) is None
 
     def _take(self) -> bool:
         """Count the waiting requests next in send order, within the window; decide on them (True: any counted)."""

@@ -497,8 +497,9 @@ class Levels:
         for attempt in range(2):  # a level the client could not send on time is sent once more  # noqa: B007
             self.hooks.level_started(name, rate, scheduled + warmup)
             test = (LevelTest(self.plan.slo, first=min(self.plan.levels.min_requests, sized[0]), due_ns=due,
-                              window_ns=int(window_s * 1e9), fill_ns=int(e2e.p99_s * 1e9), first_index=warmup,
-                              confidence=self.plan.levels.confidence, longest_ns=int(longest_s * 1e9))
+                              windows_ns=(int(window_s * 1e9), int(longest_s * 1e9)), fill_ns=int(e2e.p99_s * 1e9),
+                              first_index=warmup, confidence=self.plan.levels.confidence,
+                              keep_up=None if any(self._beside_capacity(rate)) else self.plan.workload.burstiness)
                     if self.plan.slo else None)
             saturated = saturation_check(self.plan.slo, per_s, scheduled / per_s, self.clock, warmup)
             stop = LevelStop(test, saturated, deadline, clock=self.clock)
@@ -561,6 +562,12 @@ class Levels:
             self.capacity = result.metrics.request_throughput / requests_per_s(self.plan, 1.0)
         return self._keep(LevelName.CAPACITY, math.inf, seed, result, stop, None, 1)
 
+    def _beside_capacity(self, rate: float) -> tuple[bool, bool]:
+        """Whether a level at `rate` is well below its trial's capacity (which shows that it keeps up) and whether it
+        is above it (never a pass): where neither, the level's own keep-up test decides (`level_verdict`)."""
+        below = bool(self.capacity and rate <= NEAR_CAPACITY * self.capacity)
+        return below, bool(self.capacity and math.isfinite(rate) and rate > self.capacity)
+
     def _send(self, requests: list[RequestSpec], rate: float, warmup: int, seed: int, stop: LevelStop,
               concurrency: int | None = None):
         shape = LoadShape(request_rate=rate, burstiness=self.plan.workload.burstiness,
@@ -581,9 +588,7 @@ class Levels:
         if stop.test is not None:
             stop.test.finish()
         tests = list(stop.test.tests.values()) if stop.test is not None else None
-        below = bool(self.capacity and rate <= NEAR_CAPACITY * self.capacity)  # the capacity shows it keeps up
-        above = bool(self.capacity and math.isfinite(rate) and rate > self.capacity)
-        verdict = level_verdict(result.metrics, self.plan.slo, tests, stop.why, below, above)
+        verdict = level_verdict(result.metrics, self.plan.slo, tests, stop.why, *self._beside_capacity(rate))
         self.levels.append(LevelOutcome(
             name=name, rate=rate, seed=seed, verdict=verdict.decision, passed=verdict.decision == Decision.PASS,
             reasons=verdict.reasons, tests=verdict.tests, stopped=stop.why, metrics=result.metrics,

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from servetune.loadgen.records import RequestRecord
-from servetune.measure.steady import keeping_up_unshown
+from servetune.measure.steady import Window, fell_behind, keep_up, keeping_up_unshown
 from servetune.measure.verdict import (
     FAIL_SPAN_S,
     HUGGING,
@@ -159,7 +159,7 @@ def hugging(n: int, over: set[int], window: int | None = None, longest: int | No
     """A level of `n` requests 100 ms apart, those in `over` over a 50 ms TTFT bound, its window `window` requests
     long and extendable to `longest` (None: the whole level, one window), fed in send order and finished."""
     test = LevelTest({"ttft_p99_ms": 50.0}, first=40, due_ns=[k * 100 * MS for k in range(n)],
-                     window_ns=window and window * 100 * MS, longest_ns=longest and longest * 100 * MS)
+                     windows_ns=(window * 100 * MS, (longest or window) * 100 * MS) if window else None)
     for i in range(n):
         test.add(record(i, ttft_ms=80.0 if i in over else 10.0))
     test.finish()
@@ -189,7 +189,7 @@ def queued(n: int, near: set[int], near_ms: float = 45.0, over: frozenset[int] =
     """A level of 4,000 requests 100 ms apart under a 50 ms TTFT bound, its window the first 1,000 and extendable to
     all: 10 ms, those in `near` `near_ms`, those in `over` 80 ms; the first `n` fed in send order (and finished)."""
     test = LevelTest({"ttft_p99_ms": 50.0}, first=40, due_ns=[k * 100 * MS for k in range(4000)],
-                     window_ns=1000 * 100 * MS, longest_ns=4000 * 100 * MS)
+                     windows_ns=(1000 * 100 * MS, 4000 * 100 * MS))
     for i in range(n):
         test.add(record(i, ttft_ms=80.0 if i in over else near_ms if i in near else 10.0))
     if finish:
@@ -220,6 +220,28 @@ def test_a_first_window_whose_requests_near_the_bound_come_in_runs_counts_on_to_
         assert test.decision == Decision.PASS and not test.extended
     # an episode in the extension (40 over from request 2,000) is seen: no pass
     assert queued(4000, runs, over=frozenset({500, *range(2000, 2040)})).decision != Decision.PASS
+
+
+def test_a_first_window_that_passes_but_has_not_shown_keeping_up_counts_on_where_keeping_up_decides():
+    # 10 req/s, every TTFT 10 ms of a 1 s bound; over the first window (400 requests) the replies grow from 50 ms to
+    # 2 s, so ~19 more are in flight at its end than at its start: it completed ~95% of its arrivals, which shows
+    # neither keeping up nor falling behind; after it the replies take 50 ms again
+    def replies(n: int, window: int = 400) -> list[RequestRecord]:
+        return [record(i, gaps_ms=[(40.0 + (4.875 * i if i < window else 0.0)) / 7] * 7) for i in range(n)]
+
+    def level(keep_up: float | None) -> LevelTest:
+        test = LevelTest({"ttft_p99_ms": 1000.0}, first=40, due_ns=[k * 100 * MS for k in range(1600)],
+                         windows_ns=(400 * 100 * MS, 1600 * 100 * MS), keep_up=keep_up)
+        return fed(test, replies(1600))
+
+    alone = level(None)  # keeping up judged after the level: the first window's look passes it
+    assert alone.decision == Decision.PASS and not alone.extended and alone.fill_end_ns is not None
+    first = keep_up(replies(1600), Window(alone.fill_end_ns, alone.fill_end_ns + 400 * 100 * MS))
+    assert keeping_up_unshown(first.ratio, first.se) and fell_behind(first.ratio, first.se) is None
+    judged = level(1.0)  # counted on to its longest window, where it shows keeping up
+    assert judged.decision == Decision.PASS and judged.extended
+    longest = keep_up(replies(1600), Window(alone.fill_end_ns, alone.fill_end_ns + 1600 * 100 * MS))
+    assert keeping_up_unshown(longest.ratio, longest.se) is None
 
 
 def test_itl_bounds_count_a_requests_gaps_together():
