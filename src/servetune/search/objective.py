@@ -19,12 +19,14 @@ class RateSearch:
     or saturated), and each level in a row that did not pass doubles the step's log at least (0.85, 0.72, 0.52, 0.5:
     where a latency sits just over its bound at every rate, its margin asks for small steps and each level is
     undecided, as vLLM's defaults under a p99 ITL bound on a slow CPU were for three levels and the demo's time).
-    Until a rate fails, each passed rate is followed by one higher by its margin, at most by `step_up`; one below the
-    start (where a search without a race begins) with every p99 at most `room` of its bound, on to the start at
-    least: a race passed far below a candidate's capacity is no sign of where its answer is, and a latency flat in
-    the rate gives margins that climb slowly (on the simulated engine a candidate that passed its race at 1.93 req/s
-    climbed 1.5x a level to 7.30, ran out of levels there, 0.60x its true goodput, its capacity 14.4; another
-    climbed 1.3x a level from 3.42 to 14.57, its p99 ITL ~0.6x its bound, 0.55x). Between the highest passing and
+    Until a rate fails, each passed rate is followed by one higher by its margin, at most by `step_up`; one with
+    every p99 at most `room` of its bound and more than two such steps below the start (where a search without a
+    race begins), by the start: a race passed far below a candidate's capacity is no sign of where its answer is,
+    and a latency flat in the rate gives margins that climb slowly (on the simulated engine a candidate that passed
+    its race at 1.93 req/s climbed 1.5x a level to 7.30, ran out of levels there, 0.60x its true goodput, its
+    capacity 14.4; another climbed 1.3x a level from 3.42 to 14.57, its p99 ITL ~0.6x its bound, 0.55x). Nearer
+    the start, the steps get there as soon, and a pass on the way is worth more to a search the time limit cuts
+    than a level at the start that may not decide (the 15-minute tune of seed 22). Between the highest passing and
     the lowest failing rate, the next is where the line through their margins crosses zero (`solve_sla`'s root, as
     AIPerf and vLLM's sweep find it; an end kept twice has its margin halved, as in the Illinois method, so that a
     level that failed far does not hold the next rates near the pass), held to the middle of the bracket and a
@@ -110,8 +112,9 @@ class RateSearch:
         m = self.margins.get(self.passed)
         factor = 1 / self.step_down if m is None else math.exp(-0.7 * min(m, 0.0))
         step = min(self.step_up, max(1 + 2 * self.resolution, factor))
-        if m is not None and m <= math.log(self.room):  # room to spare: on to where the search starts, at least
-            return max(step, self.capacity * self.start_fraction / self.passed)
+        start = self.capacity * self.start_fraction / self.passed
+        if m is not None and m <= math.log(self.room) and start > step**2:  # room to spare, the start levels away
+            return start
         return step
 
     def _between(self, low: float, high: float) -> float:

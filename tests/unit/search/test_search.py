@@ -168,6 +168,9 @@ def test_a_race_passed_with_room_far_below_the_capacity_goes_on_where_the_search
     flat = RateSearch(capacity=26.0)  # a p99 flat in the rate at 0.7x its bound (seed 55): to the start as well
     flat.tell(3.42, True, margin=math.log(0.7))
     assert flat.next_rate() == pytest.approx(0.9 * 26.0)
+    close = RateSearch(capacity=89.45)  # two steps by its margin reach the start (seed 22): by its margin
+    close.tell(51.91, True, margin=math.log(0.67))
+    assert close.next_rate() == pytest.approx(51.91 * 0.67**-0.7)
     above = RateSearch(capacity=14.4)  # past the start: by at most step_up
     above.tell(13.0, True, margin=math.log(0.3))
     assert above.next_rate() == pytest.approx(13.0 * 1.5)
