@@ -90,11 +90,13 @@ class _Engine:
         budget left for them (vLLM schedules a waiting request only into a step that gives it tokens) and the KV
         cache holds their prompt with a step of decoding to spare."""
         budget = self.physics.max_batched_tokens - len(self.decoding)
-        while self.waiting and self.running < self.physics.max_num_seqs and self.pending < budget:
+        running = self.running
+        while self.waiting and running < self.physics.max_num_seqs and self.pending < budget:
             i = self.waiting[0]
             need = int(self.prompts[i] + self.sent[i])
-            if self.kv_used + need + self.running > self.physics.kv_tokens and self.running:
+            if self.kv_used + need + running > self.physics.kv_tokens and running:
                 return
+            running += 1
             self.waiting.popleft()
             self.kv_used += need
             self.held[i] = need
@@ -174,33 +176,35 @@ def serve(physics: Physics, due_ms: np.ndarray, prompts: np.ndarray, outputs: np
           horizon_ms: float = math.inf, max_concurrency: int | None = None) -> Served:
     """Run the engine over requests due at `due_ms` (ms, any order) with these prompt and output lengths, until each
     has ended or the clock passes `horizon_ms`. With `max_concurrency` the client keeps at most that many in flight:
-    a request due while all are busy is sent when one ends (a closed loop, at rate inf)."""
+    a request due while all are busy is sent when one ends (a closed loop, at rate inf). The loop runs once per event
+    (hundreds of thousands in a judged tune), so it keeps the sends in plain lists and reads the scheduler's state
+    directly."""
     due_ms = np.asarray(due_ms, dtype=float)
     order = np.argsort(due_ms, kind="stable")
+    due, ids = due_ms[order].tolist(), order.tolist()
     engine = _Engine(physics, np.asarray(prompts, dtype=np.int64), np.maximum(np.asarray(outputs, dtype=np.int64), 1))
     n = len(due_ms)
     sent = np.full(n, np.nan)
     slots: deque[float] = deque([-math.inf] * (max_concurrency or n))  # when each free client slot freed
     stamps_all: list[np.ndarray] = []
     t, nxt = 0.0, 0
-
-    def next_send() -> float:
-        return max(float(due_ms[order[nxt]]), slots[0]) if nxt < n and slots else math.inf
-
     while t <= horizon_ms:
-        while next_send() <= t:
-            i = int(order[nxt])
-            sent[i] = next_send()
+        send = max(due[nxt], slots[0]) if nxt < n and slots else math.inf  # the next request's send
+        while send <= t:
+            sent[ids[nxt]] = send
             slots.popleft()
-            engine.waiting.append(i)
+            engine.waiting.append(ids[nxt])
             nxt += 1
-        engine.admit()
-        if not engine.running:
-            if next_send() == math.inf:
-                break
-            t = next_send()
-            continue
+            send = max(due[nxt], slots[0]) if nxt < n and slots else math.inf
+        if engine.waiting:
+            engine.admit()
         n_dec = len(engine.decoding)
+        running = n_dec + len(engine.prefilling)
+        if not running:
+            if send == math.inf:
+                break
+            t = send
+            continue
         per_step = max(0, min(physics.max_batched_tokens - n_dec, engine.pending))
         k = engine.steps_to_event(per_step)
         if k == 0:
@@ -209,12 +213,15 @@ def serve(physics: Physics, due_ms: np.ndarray, prompts: np.ndarray, outputs: np
         times = physics.step(n_dec, per_step) * np.exp(physics.noise * rng.standard_normal(k))
         if physics.stall_share:
             times += physics.stall_ms * (rng.random(k) < physics.stall_share)
-        stamps = t + np.cumsum(times)
-        if engine.running < physics.max_num_seqs and next_send() < stamps[-1]:  # an arrival it could admit: stop there
-            k = int(np.searchsorted(stamps, next_send())) + 1
+        stamps = times.cumsum()
+        stamps += t
+        if running < physics.max_num_seqs and send < stamps[-1]:  # an arrival it could admit: stop there
+            k = int(stamps.searchsorted(send)) + 1
             stamps = stamps[:k]
         stamps_all.append(stamps)
         t = float(stamps[-1])
-        slots.extend([t] * engine.advance(k, stamps, per_step))
+        ended = engine.advance(k, stamps, per_step)
+        if ended:
+            slots.extend([t] * ended)
     step_end = np.concatenate(stamps_all) if stamps_all else np.zeros(0)
     return Served(due_ms, sent, engine.first, engine.end, step_end, engine.runs)
