@@ -17,7 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servetune.testing.simengine import TRUE_RUNS, WORKLOADS, Scenario, draw_scenario, judge, simulate, true_goodput
+from servetune.testing.simengine import (
+    TRUE_RUNS,
+    WORKLOADS,
+    Scenario,
+    SimResult,
+    draw_scenario,
+    judge,
+    simulate,
+    true_goodput,
+)
 from servetune.workload import WorkloadSpec
 
 pytestmark = pytest.mark.integration  # whole tunes, simulated
@@ -31,6 +40,12 @@ FAMILY_TRUTH_RUNS = 1  # the families' truths come from one long run each: poole
 # take ~6x as long (9.5 minutes here), and a seed-1 trial measures 1.057x its truth so (15.64 req/s against 14.80):
 # issue 36's goal is not yet met at that precision (bench/simulate.py measures it: docs/results/simulated.md)
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None  # outputs are written after every trial
+
+
+def measured(result: SimResult, trial: int | None = None) -> SimResult:
+    """`result` with only the trials that measured a goodput (or trial `trial` alone): a trial's truth (a search over
+    long pooled runs) costs most of these tests' time, and a trial with no goodput has nothing to judge."""
+    return replace(result, rows=[r for r in result.rows if r.goodput_rate is not None and trial in (None, r.trial)])
 
 
 def run(scenario: Scenario, model: Path, judged: bool = False) -> dict:
@@ -94,7 +109,7 @@ def _judged(drawn: tuple[int, str], model: Path) -> dict:
     scenario = replace(draw_scenario(seed, limit_s=None, family=family), budget=3)
     with tempfile.TemporaryDirectory(dir=TMP) as out:
         result = simulate(scenario, model, Path(out) / "out")
-    return {"seed": seed, "trials": judge(scenario, result, ladder=False, runs=FAMILY_TRUTH_RUNS).trials}
+    return {"seed": seed, "trials": judge(scenario, measured(result), ladder=False, runs=FAMILY_TRUTH_RUNS).trials}
 
 
 def test_every_trial_measures_near_its_true_goodput(families):
@@ -146,7 +161,7 @@ def test_a_level_faster_than_its_prompt_pool_lasts_is_measured_on_fresh_prompts(
     scenario = replace(draw_scenario(964), limit_s=None)
     with tempfile.TemporaryDirectory(dir=TMP) as out:
         result = simulate(scenario, tiny_model, Path(out) / "out")
-    trials = [t for t in judge(scenario, result, ladder=False).trials if t.measured and t.decidable]
+    trials = [t for t in judge(scenario, measured(result), ladder=False).trials if t.decidable]
     assert len(trials) >= 2
     assert all(t.measured <= 1.05 * t.truth for t in trials), trials
 
@@ -159,12 +174,13 @@ def test_no_level_passes_above_its_trials_capacity(tiny_model):
     scenario = replace(draw_scenario(127), limit_s=None)
     with tempfile.TemporaryDirectory(dir=TMP) as out:
         result = simulate(scenario, tiny_model, Path(out) / "out")
-    trials = {t.trial: t for t in judge(scenario, result, ladder=False).trials}
     for row in result.rows:
         capacity = row.request_throughput
         passed = [lv.rate for lv in row.levels if lv.passed and math.isfinite(lv.rate)]
         assert capacity is None or all(rate <= capacity for rate in passed), (row.trial, capacity, passed)
-    assert trials[3].measured is None or trials[3].measured <= 1.05 * trials[3].truth, trials[3]
+    assert any(row.trial == 3 for row in result.rows)
+    for trial in judge(scenario, measured(result, trial=3), ladder=False).trials:  # none where it measured none
+        assert trial.measured <= 1.05 * trial.truth, trial
 
 
 def test_the_judges_truth_moves_less_between_seeds_than_one_runs():
