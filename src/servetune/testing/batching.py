@@ -189,13 +189,14 @@ def serve(physics: Physics, due_ms: np.ndarray, prompts: np.ndarray, outputs: np
     stamps_all: list[np.ndarray] = []
     t, nxt = 0.0, 0
     while t <= horizon_ms:
-        send = max(due[nxt], slots[0]) if nxt < n and slots else math.inf  # the next request's send
-        while send <= t:
+        while True:  # the requests sent by now join the queue; `send`: the next one's send
+            send = max(due[nxt], slots[0]) if nxt < n and slots else math.inf
+            if send > t:
+                break
             sent[ids[nxt]] = send
             slots.popleft()
             engine.waiting.append(ids[nxt])
             nxt += 1
-            send = max(due[nxt], slots[0]) if nxt < n and slots else math.inf
         if engine.waiting:
             engine.admit()
         n_dec = len(engine.decoding)
