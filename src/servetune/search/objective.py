@@ -26,7 +26,12 @@ class RateSearch:
     its race at 1.93 req/s climbed 1.5x a level to 7.30, ran out of levels there, 0.60x its true goodput, its
     capacity 14.4; another climbed 1.3x a level from 3.42 to 14.57, its p99 ITL ~0.6x its bound, 0.55x). Nearer
     the start, the steps get there as soon, and a pass on the way is worth more to a search the time limit cuts
-    than a level at the start that may not decide (the 15-minute tune of seed 22). Between the highest passing and
+    than a level at the start that may not decide (the 15-minute tune of seed 22). A climb whose two highest passes
+    have every p99 at most `flat_room` of its bound goes on where the line through their (log rate, margin) reaches
+    zero, capped at the start, where that is more than two steps away: a margin that hardly grows with the rate asks
+    for steps that end the search in an open bracket (on the simulated engine, candidates whose p99 sat at ~0.8x its
+    bound from 8.46 to 19.47 req/s ended at 0.23x their truth); a fail there leaves levels to close the bracket.
+    Between the highest passing and
     the lowest failing rate, the next is where the line through their margins crosses zero (`solve_sla`'s root, as
     AIPerf and vLLM's sweep find it; an end kept twice has its margin halved, as in the Illinois method, so that a
     level that failed far does not hold the next rates near the pass), held to the middle of the bracket and a
@@ -44,6 +49,7 @@ class RateSearch:
     step_far: float = 0.5
     step_up: float = 1.5
     room: float = 0.8
+    flat_room: float = 0.9
     min_fraction: float = 1 / 32
 
     def __post_init__(self) -> None:
@@ -115,7 +121,21 @@ class RateSearch:
         start = self.capacity * self.start_fraction / self.passed
         if m is not None and m <= math.log(self.room) and start > step**2:  # room to spare, the start levels away
             return start
+        fitted = min(start, self._climb_root() / self.passed)
+        if m is not None and m <= math.log(self.flat_room) and fitted > step**2:  # a flat climb: where it leads
+            return fitted
         return step
+
+    def _climb_root(self) -> float:
+        """Where the line through the two highest passes' (log rate, margin) reaches zero; inf where the margin did
+        not grow between them (a latency flat in the rate)."""
+        climb = sorted(r for r, ok in self.tried if ok and r in self.margins)[-2:]
+        if len(climb) < 2:
+            return 0.0
+        (low, high), rise = climb, self.margins[climb[1]] - self.margins[climb[0]]
+        if rise <= 0:
+            return math.inf
+        return high * math.exp(-self.margins[high] * math.log(high / low) / rise)
 
     def _between(self, low: float, high: float) -> float:
         """The next rate inside the bracket: the margins' root a little below, within its middle half."""

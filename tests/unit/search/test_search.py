@@ -176,6 +176,32 @@ def test_a_race_passed_with_room_far_below_the_capacity_goes_on_where_the_search
     assert above.next_rate() == pytest.approx(13.0 * 1.5)
 
 
+def test_a_climb_whose_margin_hardly_grows_goes_on_where_its_line_reaches_zero():
+    # The simulated seed 321 (33633ba): a candidate passed 8.46 and 16.92 req/s, its p99 ~0.8x its bound at both,
+    # then climbed 1.15x a level and ended at 19.47, 0.23x its truth (97.8; capacity 98.11)
+    flat = RateSearch(capacity=98.11)
+    flat.tell(8.46, True, margin=-0.26)
+    flat.tell(16.92, True, margin=-0.20)
+    assert flat.next_rate() == pytest.approx(0.9 * 98.11)  # the line's root lies past the start: capped there
+    flat.tell(0.9 * 98.11, False, margin=0.4)
+    assert 16.92 < flat.next_rate() < 0.9 * 98.11  # a fail there: levels left to close the bracket
+    # seed 277: a margin that grows slowly, -0.17 at 27.06 and -0.15 at 29.32: where its line reaches zero
+    slow = RateSearch(capacity=74.11)
+    slow.tell(27.06, True, margin=-0.17)
+    slow.tell(29.32, True, margin=-0.15)
+    assert slow.next_rate() == pytest.approx(29.32 * math.exp(0.15 * math.log(29.32 / 27.06) / 0.02))
+    # seed 329: flat, but its p99 at 0.93-0.96x its bound, and its answer a step above: by its margin
+    near = RateSearch(capacity=13.29)
+    near.tell(3.85, True, margin=-0.063)
+    near.tell(4.24, True, margin=-0.042)
+    assert near.next_rate() == pytest.approx(4.24 * 1.1)
+    # a margin that grows as a latency proportional to the rate would: by its margin
+    steep = RateSearch(capacity=50.0)
+    steep.tell(10.0, True, margin=-0.4)
+    steep.tell(13.0, True, margin=-0.15)
+    assert steep.next_rate() == pytest.approx(13.0 * math.exp(0.7 * 0.15))
+
+
 def test_rate_search_stops_after_max_levels_and_when_nothing_passes():
     assert len(_run(RateSearch(10.0, max_levels=3), 5.0).tried) == 3
     never = _run(RateSearch(10.0, max_levels=20), 0.0)
