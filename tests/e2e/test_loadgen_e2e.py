@@ -44,4 +44,6 @@ def test_same_numbers_as_vllm_bench_request_function(steady, endpoint, backend, 
     assert ours.mean_e2el_ms == pytest.approx(np.mean([o.latency for o in theirs]) * 1e3, rel=0.05)
     tpot = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in theirs]
     assert ours.mean_tpot_ms == pytest.approx(np.mean(tpot) * 1e3, rel=0.05)
-    assert ours.mean_ttft_ms == pytest.approx(np.mean([o.ttft for o in theirs]) * 1e3, abs=3)
+    # TTFT is one 20 ms tick: a definition off by a token would differ by a whole tick; the two clients run one after
+    # the other, and on a busy 2-core machine their event loops' delays differed by 3.03 ms (a clean-clone CI run)
+    assert ours.mean_ttft_ms == pytest.approx(np.mean([o.ttft for o in theirs]) * 1e3, abs=5)
