@@ -3,6 +3,7 @@
 import math
 from dataclasses import dataclass
 
+MAX_EXP = 700.0  # math.exp overflows past ~709
 REFINE_RESOLUTION = 0.01  # how far a trial with time no other would use sharpens its rate (`RateSearch.refine`)
 
 
@@ -135,7 +136,8 @@ class RateSearch:
         (low, high), rise = climb, self.margins[climb[1]] - self.margins[climb[0]]
         if rise <= 0:
             return math.inf
-        return high * math.exp(-self.margins[high] * math.log(high / low) / rise)
+        reach = -self.margins[high] * math.log(high / low) / rise  # log(root / high): huge where it hardly rose
+        return high * math.exp(reach) if reach < MAX_EXP else math.inf
 
     def _between(self, low: float, high: float) -> float:
         """The next rate inside the bracket: the margins' root a little below, within its middle half."""

@@ -200,6 +200,12 @@ def test_a_climb_whose_margin_hardly_grows_goes_on_where_its_line_reaches_zero()
     steep.tell(10.0, True, margin=-0.4)
     steep.tell(13.0, True, margin=-0.15)
     assert steep.next_rate() == pytest.approx(13.0 * math.exp(0.7 * 0.15))
+    # a margin that grew by a hair: its line reaches zero far past the start, not past the floats (simulated seed
+    # 558 crashed its tune there: OverflowError)
+    hair = RateSearch(capacity=50.0)
+    hair.tell(10.0, True, margin=-0.2)
+    hair.tell(11.0, True, margin=-0.2 + 1e-6)
+    assert hair.next_rate() == pytest.approx(0.9 * 50.0)
 
 
 def test_rate_search_stops_after_max_levels_and_when_nothing_passes():
