@@ -8,8 +8,7 @@ reply, is the rate it sustains at full load (a burst's completions would be boun
 the rate search (`RateSearch`), from 90% of that capacity, each next rate from the margins the levels measured. A
 candidate given a `race` (the best goodput rate measured so far) is measured there after its capacity level, with
 the fail-early test: it loses in seconds, or passes and is measured next at the rate that would beat the best, and
-searched on from there (upward, or inside the bracket where it did not beat it). A head-to-head trial measures
-fixed (rate, seed) levels.
+searched upward from there. A head-to-head trial measures fixed (rate, seed) levels.
 
 A level at a finite rate is sized in time: its arrivals last its fill (the p99 latency its replies take), a steady
 window whose requests its verdict counts (`servetune.measure.verdict`) and over which its keeping up is judged
@@ -393,9 +392,7 @@ class Levels:
         """A candidate: its capacity first (as for the defaults and every searched trial), then the best rate
         measured so far (once more after an `early_narrow_fail`); a pass there is measured next at the rate that
         would beat it (a level the budget starts even where it would not let the trial sharpen a rate it holds), and
-        searched on from there: upward after a pass; after a tie (not passed there), inside the bracket to the
-        search's resolution, since a wide bracket of the config that holds the best says little about the candidate
-        (on the simulated engine, two candidates tied between 4.11 and 8.09 req/s whose truths are 5.95 and 6.52)."""
+        only a pass there is searched on upward."""
         first = self.run(LevelName.RACE, race.rate)
         if first is not None and early_narrow_fail(first):
             first = self.run(LevelName.RACE, race.rate) or first  # once more, on fresh prompts, where it fits
@@ -410,7 +407,9 @@ class Levels:
             beat = self.run(LevelName.SEARCH, race.beat, decisive=True)
             if beat is None:
                 return search
-            self._tell(search, beat)  # not passed: a tie, searched on inside the bracket where it is wide
+            self._tell(search, beat)
+            if not beat.passed:
+                return search  # a tie: between the two rates it cannot beat the config that holds the best
         return self._search(search)
 
     def _search(self, search: RateSearch) -> RateSearch:
