@@ -38,15 +38,15 @@ def again(seed: int, stored: dict) -> list[dict]:
     with tempfile.TemporaryDirectory() as out:
         result = sim.simulate(scenario, MODEL, Path(out) / "out")
     workload = WorkloadSpec.model_validate(scenario.workload)
-    configs = {r.trial: r.config for r in result.rows if r.ok}
+    rows = {r.trial: r for r in result.rows}
     lines = []
     for t in stored["unlimited"]["trials"]:
         if not t["decidable"] or t["measured"] is None:
             continue
-        rerun = next(r for r in result.rows if r.trial == t["trial"])
+        rerun = rows[t["trial"]]
         if not math.isclose(rerun.goodput_rate or 0.0, t["measured"], rel_tol=1e-9):
             raise SystemExit(f"seed {seed} trial {t['trial']}: measured {rerun.goodput_rate}, stored {t['measured']}")
-        truth = sim.true_goodput(scenario.physics(configs[t["trial"]]), scenario.slo, workload, SEED, INDEPENDENT)
+        truth = sim.true_goodput(scenario.physics(rerun.config), scenario.slo, workload, SEED, INDEPENDENT)
         lines.append({"seed": seed, "workload": stored["workload"], "trial": t["trial"], "measured": t["measured"],
                       "judge_truth": t["truth"], "truth": truth, "closed": t["closed"],
                       "levels": scenario.max_levels})
