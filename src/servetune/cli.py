@@ -272,11 +272,14 @@ def demo(args: DemoArgs) -> None:
 def _resumed(out) -> "tuple[float, Path | None]":
     """The demo study's p99 ITL bound in `out`, and its reference config's file (a resume keeps both)."""
     from servetune.demo import REFERENCE
+    from servetune.measure.slo import ITL
     from servetune.report.data import load_study
     from servetune.study.storage import default_storage
 
     meta = load_study(default_storage(out)).meta
-    return meta.slo["itl_p99_ms"], out / REFERENCE if meta.references else None
+    if (itl := meta.slos.bound(ITL)) is None:
+        raise ServetuneError(f"{out}: not the demo's study (it bounds no p99 ITL)")
+    return itl, out / REFERENCE if meta.references else None
 
 
 def _tune_guarded(opts: "TuneOptions") -> None:

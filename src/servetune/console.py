@@ -5,7 +5,7 @@ else."""
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +18,7 @@ from rich.text import Text
 
 from servetune.engine.args import to_argv
 from servetune.measure.benchrun import BenchHooks
-from servetune.measure.slo import LATENCIES, headline_latencies, latency
+from servetune.measure.slo import LATENCIES, NO_SLO, Slos, headline_latencies, latency
 from servetune.study.outcome import headline_level
 from servetune.trial.hooks import Hooks
 from servetune.workload import RateUnit
@@ -167,9 +167,9 @@ class TuneProgress(Hooks):
     record: Callable[["RequestRecord"], None]  # type: ignore[assignment]
 
     def __init__(self, bar: Progress, budget: int, levels: bool = True, rate_unit: RateUnit = RateUnit.REQUESTS_PER_S,
-                 slo: Mapping[str, float] | None = None):
+                 slo: Slos = NO_SLO):
         self.bar, self.unit = bar, rate_unit  # a level's rate: req/s, or a trace's speed-up factor
-        self.latencies = headline_latencies(slo or {})  # a trial's line shows their p99s
+        self.latencies = headline_latencies(slo)  # a trial's line shows their p99s
         self.trials = bar.add_task("trials", total=budget)
         self.level = bar.add_task("level", total=1, visible=False)
         self.record = count_records(bar, self.level)
@@ -258,8 +258,8 @@ def whole(text: str) -> None:
 
 def result_table(summary: "Summary") -> Table:
     """The numbers of vLLM's defaults and of the best config (their configs are printed below it: `show_answer`)."""
-    table = Table(title=f"servetune tune: {summary.objective} under {_slos(summary.slo)}")
-    latencies = headline_latencies(summary.slo)
+    table = Table(title=f"servetune tune: {summary.objective} under {summary.slos}")
+    latencies = headline_latencies(summary.slos)
     table.add_column("", no_wrap=True)  # the row's name: "best (trial 2)"
     for col in (f"goodput rate ({summary.rate_unit})", "throughput (req/s)", *(lat.p99_label for lat in latencies)):
         table.add_column(col)
@@ -274,11 +274,6 @@ def result_table(summary: "Summary") -> Table:
 def _answer_rows(summary: "Summary") -> "list[tuple[str, SummaryEntry]]":
     """The answer's rows: vLLM's defaults, then the best config, each where there is one."""
     return [(name, entry) for name, entry in (("default", summary.default), ("best", summary.best)) if entry]
-
-
-def _slos(slo: Mapping[str, float]) -> str:
-    """The SLOs as the table's title says them, e.g. "p99 TTFT <= 1500 ms, p99 ITL <= 35 ms"."""
-    return ", ".join(f"p99 {latency(name).label} <= {bound:g} ms" for name, bound in slo.items()) or "no SLO"
 
 
 def _goodput(own: float | None, decided: float | None) -> str:

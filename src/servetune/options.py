@@ -17,7 +17,7 @@ from servetune.device import DeviceKind
 from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable
 from servetune.knobs import optional_help
-from servetune.measure.slo import GOODPUT_KEYS, Objective
+from servetune.measure.slo import GOODPUT_KEYS, NO_SLO, Objective, Slos
 from servetune.search.strategies import strategy_help
 from servetune.timelimit import GUESS_LAUNCH_S, duration, parse_duration
 from servetune.trial.run import MIN_WINDOW_S
@@ -251,27 +251,27 @@ class TuneArgs(_Args):
         self._check_study()
         return opts
 
-    def _check_levels_decide(self, slos: dict[str, float], replies: tuple[float, float] | None) -> None:
+    def _check_levels_decide(self, slos: Slos, replies: tuple[float, float] | None) -> None:
         """Every SLO can be decided by a level: TPOT and ITL need replies of 2 tokens or more (`replies`: the
         workload's longest and mean reply, where known), and a level of --level-requests can pass each SLO: it needs
         `verdict.least_counted` requests counted after it fills up, and a few more for the fill."""
-        from servetune.measure.slo import ITL, TPOT, TTFT, latency
+        from servetune.measure.slo import ITL, TPOT, TTFT
         from servetune.measure.verdict import least_counted
         from servetune.trial.run import FILL_SPARE
 
-        between = [name for name in slos if latency(name) in (TPOT, ITL)]
+        between = [s for s in slos if s.latency in (TPOT, ITL)]
         if between and replies is not None and replies[0] < 2:
-            raise UsageError(f"--slo {between[0]}: every reply of the workload is 1 token long, and "
-                             f"{latency(between[0]).label} is measured between a reply's tokens: give the workload's "
+            raise UsageError(f"--slo {between[0].name}: every reply of the workload is 1 token long, and "
+                             f"{between[0].latency.label} is measured between a reply's tokens: give the workload's "
                              f"output_len at least 2 tokens, or bound {TTFT.slo} or e2el_p99_ms")
         gaps = replies[1] - 1 if replies is not None else math.inf  # an ITL level counts gaps
         counted = least_counted(slos, self.confidence, self.min_level_requests, gaps)
         if slos and self.level_requests < counted + FILL_SPARE:
-            per_request = any(latency(name).per_request is not None for name in slos)
+            per_request = any(s.latency.per_request is not None for s in slos)
             why = (" (--min-level-requests)" if counted == self.min_level_requests
                    else "" if per_request else f" ({gaps:.0f} gaps each)")
             raise UsageError(
-                f"--level-requests {self.level_requests}: no level could pass {', '.join(slos)}: at "
+                f"--level-requests {self.level_requests}: no level could pass {', '.join(slos.as_dict())}: at "
                 f"{self.confidence:.0%} it passes only on at least {counted} requests{why} counted after the level "
                 f"fills up, and filling it takes more; use at least {counted + 100} (the default is 600)")
 
@@ -403,7 +403,7 @@ class VerifyArgs(_Args):
             raise UsageError(f"--out: the tune in {self.out} holds no rate (no config held the SLOs at a rate it "
                              "measured, or it tuned throughput): give --rate to verify its config at a rate you choose")
         with about("--slo"):
-            slos = parse_slo(pairs(self.slo, "--slo")) if self.slo else tuned.slo if tuned else {}
+            slos = parse_slo(pairs(self.slo, "--slo")) if self.slo else tuned.slo if tuned else NO_SLO
         with about("--config"):
             engine_args = read_config_yaml(self.config) if self.config is not None else pick.config
         model = local_model(self.model) if self.model is not None else pick.model

@@ -29,7 +29,7 @@ from servetune.jsonio import write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target, run_load_sync
 from servetune.measure.bench import LevelResult, default_request_timeout_s, measure_level
 from servetune.measure.metrics import summarize
-from servetune.measure.slo import Objective, latency, parse_slo
+from servetune.measure.slo import NO_SLO, Objective, Slos
 from servetune.measure.verdict import LevelTest, SloTest
 from servetune.study.record import StudyMeta, TuneState
 from servetune.study.results import Summary
@@ -69,7 +69,7 @@ class VerifyPlan(BaseModel):
     model: str
     config: dict[str, Any]
     workload: WorkloadSpec
-    slo: dict[str, float] = {}
+    slo: Slos = NO_SLO
     tune_note: str | None = None
 
     @field_validator("workload")
@@ -81,14 +81,6 @@ class VerifyPlan(BaseModel):
             raise ValueError("vLLM's custom dataset has no arrival times: it cannot replay a trace")
         return workload
 
-    @field_validator("slo")
-    @classmethod
-    def _known_slo(cls, slo: dict[str, float]) -> dict[str, float]:
-        try:
-            return parse_slo(slo)
-        except ServetuneError as e:
-            raise ValueError(str(e)) from None
-
 
 class TunePick(BaseModel):
     """What a tune recommends: verify's defaults for `--out`. `rate` is None when it holds none; `note` says why
@@ -96,7 +88,7 @@ class TunePick(BaseModel):
 
     model: str
     config: dict[str, Any]
-    slo: dict[str, float]
+    slo: Slos
     workload: WorkloadSpec
     rate: float | None
     note: str | None = None
@@ -225,7 +217,7 @@ class VerifyResult(BaseModel):
     vllm_version: str
     device: str
     workload: WorkloadSpec  # request_rate and num_requests: verify's rate and prompts per client
-    slo: dict[str, float]
+    slo: Slos
     dataset: str  # the prompts and reply lengths both clients sent, as vLLM's custom dataset (JSONL)
     server_log: str
     vllm_log: str
@@ -444,36 +436,36 @@ def run_vllm_bench(argv: list[str], log: Path, result: Path, timeout_s: float,
     return None
 
 
-def client_result(metrics: ClientMetrics, slo: dict[str, float], output: str,
+def client_result(metrics: ClientMetrics, slo: Slos, output: str,
                   records: list[RequestRecord] | None = None,
                   server: dict[str, ServerLatency] | None = None) -> ClientResult:
     """Each SLO against the client's point p99; with its timed `records` (servetune's client), each SLO's
     statistical test too; with the `server`'s view of its run, the server's p99 and whether the client's agrees."""
     tests = slo_tests(slo, records) if records else {}
     checks = []
-    for name, bound in slo.items():
-        p99 = latency(name).p99(metrics)
-        seen = (server or {}).get(latency(name).label.lower())
+    for s in slo:
+        p99 = s.latency.p99(metrics)
+        seen = (server or {}).get(s.latency.label.lower())
         server_p99 = seen.p99 if seen else None
-        checks.append(SloCheck(name=name, bound_ms=bound, p99_ms=p99, requests=metrics.completed,
-                               test=tests.get(name), passed=metrics.completed > 0 and p99 <= bound,
+        checks.append(SloCheck(name=s.name, bound_ms=s.bound_ms, p99_ms=p99, requests=metrics.completed,
+                               test=tests.get(s.name), passed=metrics.completed > 0 and p99 <= s.bound_ms,
                                server_p99=server_p99,
                                agrees=server_p99.holds(p99) if server_p99 and metrics.completed else None))
     return ClientResult(metrics=metrics, slo=checks, output=output, server=server)
 
 
-def slo_tests(slo: dict[str, float], records: list[RequestRecord]) -> dict[str, SloTest]:
+def slo_tests(slo: Slos, records: list[RequestRecord]) -> dict[str, SloTest]:
     """Each SLO's test by the tuner's `LevelTest`, on its own, over `records` as the tuner counts a level's (those
     sent while the run filled up left out; a fail may come earlier: a count over the bound that no later request
     can undo); none where a request failed, since the tuner fails such a level outright."""
     tests = {}
-    for name, bound in slo.items():
+    for s in slo:
         origin = min(r.scheduled_ns for r in records)
-        level = LevelTest({name: bound}, first=min(40, len(records)), due_ns=[r.scheduled_ns - origin for r in records],
+        level = LevelTest(Slos((s,)), first=min(40, len(records)), due_ns=[r.scheduled_ns - origin for r in records],
                           first_index=records[0].index)
         for record in records:
             level.add(record)
         level.finish()
-        if name in level.tests:
-            tests[name] = level.tests[name]
+        if s.name in level.tests:
+            tests[s.name] = level.tests[s.name]
     return tests

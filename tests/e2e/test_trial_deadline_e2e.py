@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from servetune.measure.slo import parse_slo
 from servetune.timelimit import LevelBudget
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions, Levels, Race, TrialPlan
@@ -20,7 +21,7 @@ def _plan(model) -> TrialPlan:
     spec = WorkloadSpec.model_validate(WORKLOAD)
     tokenizer = load_tokenizer(str(model))
     sets = [build_requests(spec, tokenizer, seed=k, count=28) for k in range(4)]
-    return TrialPlan(str(model), spec, {"tpot_p99_ms": 10_000}, "goodput", sets,
+    return TrialPlan(str(model), spec, parse_slo({"tpot_p99_ms": 10_000}), "goodput", sets,
                      LevelOptions(requests=20, min_requests=10, max_levels=2, warmup_requests=8))
 
 

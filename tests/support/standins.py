@@ -13,6 +13,7 @@ import pytest
 
 from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerLost
+from servetune.measure.slo import parse_slo
 from servetune.study.storage import STUDY_NAME, StudyError
 from servetune.testing.installed import VLLM_CPU
 from servetune.testing.simengine import SimClock
@@ -98,7 +99,7 @@ class Held(StandIn):
 def options(model, out: Path, storage: str | None, **kw) -> TuneOptions:
     """A one-trial grid tune of the tiny model (`kw` overrides), no head-to-head."""
     return TuneOptions(**{"model": str(model), "workload": WorkloadSpec.model_validate(WORKLOAD), "out": out,
-                          "storage": storage, "slo": {"tpot_p99_ms": 25}, "strategy": "grid", "budget": 1,
+                          "storage": storage, "slo": parse_slo({"tpot_p99_ms": 25}), "strategy": "grid", "budget": 1,
                           "confirm": False, "levels": LevelOptions(requests=20, max_levels=1), **kw})
 
 

@@ -29,7 +29,7 @@ def test_tune_options_from_the_models_values(tiny_model, tmp_path):
     args = TuneArgs(model=str(tiny_model), workload=EXAMPLES / "chat.yaml", out=tmp_path, slo=["tpot_p99_ms=25"],
                     engine_arg=["max-num-seqs=8"], level_requests=400, time_limit="25m")
     opts = args.resolve()
-    assert opts.slo == {"tpot_p99_ms": 25.0} and opts.engine_args == {"max_num_seqs": 8}
+    assert opts.slo.as_dict() == {"tpot_p99_ms": 25.0} and opts.engine_args == {"max_num_seqs": 8}
     assert opts.levels == LevelOptions(requests=400) and opts.time_limit_s == 1500 and opts.storage is None
     # a TPOT p99 passes at 95% only on >= 299 requests after the fill: 300 could never pass, 304 is the least allowed
     with pytest.raises(UsageError, match=r"--level-requests 300: no level could pass tpot_p99_ms: .* at least 299 "):
@@ -47,14 +47,14 @@ def test_tune_options_from_the_models_values(tiny_model, tmp_path):
 
 def test_the_demo_is_a_tune_with_its_own_values(tiny_model, tmp_path):
     opts = DemoArgs(out=tmp_path, budget=3).tune(tiny_model, itl_slo_ms=40, time_limit_s=420).resolve()
-    assert opts.slo == {"itl_p99_ms": 40.0} and opts.strategy == "optuna" and opts.budget == 3
+    assert opts.slo.as_dict() == {"itl_p99_ms": 40.0} and opts.strategy == "optuna" and opts.budget == 3
     assert opts.levels == LevelOptions(requests=400, max_levels=4) and opts.time_limit_s == 420
     assert opts.model == str(tiny_model.resolve()) and opts.references == []
     reference = tmp_path / "small-chunk.yaml"
     reference.write_text("max-num-batched-tokens: 128\n")
     slow = DemoArgs(out=tmp_path, budget=3).tune(tiny_model, itl_slo_ms=120.5, time_limit_s=300,
                                                  reference=reference).resolve()
-    assert slow.budget == 2 and slow.slo == {"itl_p99_ms": 120.5}
+    assert slow.budget == 2 and slow.slo.as_dict() == {"itl_p99_ms": 120.5}
     assert slow.references == [{"max_num_batched_tokens": 128}]
 
 
@@ -99,10 +99,10 @@ def test_a_latency_the_workloads_replies_cannot_show_is_refused_with_the_least_r
     assert str(refused.value) == (
         f"--slo {slo.partition('=')[0]}: every reply of the workload is 1 token long, and {what} is measured between "
         "a reply's tokens: give the workload's output_len at least 2 tokens, or bound ttft_p99_ms or e2el_p99_ms")
-    assert args.model_copy(update={"slo": ["ttft_p99_ms=50"]}).resolve().slo == {"ttft_p99_ms": 50.0}
+    assert args.model_copy(update={"slo": ["ttft_p99_ms=50"]}).resolve().slo.as_dict() == {"ttft_p99_ms": 50.0}
     (tmp_path / "w.yaml").write_text("num_requests: 50\ninput_len: {type: fixed, value: 32}\n"
                                      "output_len: {type: uniform, min: 1, max: 2}\n")
-    assert args.resolve().slo == {slo.partition("=")[0]: 50.0}
+    assert args.resolve().slo.as_dict() == {slo.partition("=")[0]: 50.0}
 
 
 def test_a_level_size_that_could_never_decide_an_itl_slo_is_refused_with_the_least_that_can(tiny_model, tmp_path):

@@ -24,7 +24,8 @@ def a_tune(tiny_model, out: Path, rate: float = 5.0, **kw) -> None:
 def test_a_tune_recommends_the_rate_its_summary_holds(tiny_model, tmp_path):
     a_tune(tiny_model, tmp_path / "searched", confirm=False)
     pick = read_tune(tmp_path / "searched")
-    assert (pick.rate, pick.slo, pick.note, pick.workload.num_requests) == (5.0, {"tpot_p99_ms": 25}, None, 20)
+    assert (pick.rate, pick.slo.as_dict(), pick.note, pick.workload.num_requests) == (5.0, {"tpot_p99_ms": 25}, None,
+                                                                                      20)
     a_tune(tiny_model, tmp_path / "confirmed", confirm=True)  # the head-to-head's recommendation (StandIn: 5.0)
     assert read_tune(tmp_path / "confirmed").rate == 5.0
 

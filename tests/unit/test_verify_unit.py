@@ -14,7 +14,7 @@ def test_a_tune_recommends_its_confirmed_rate_else_its_searched_one(tiny_model, 
     out = tmp_path / "out"
     tune(tune_options(tiny_model, out, None, budget=2, confirm=False), executor=StandIn({0: 5.0, 1: 5.5}, out))
     pick = read_tune(out)
-    assert (pick.model, pick.slo, pick.rate) == (str(tiny_model), {"tpot_p99_ms": 25.0}, 5.5)
+    assert (pick.model, pick.slo.as_dict(), pick.rate) == (str(tiny_model), {"tpot_p99_ms": 25.0}, 5.5)
     assert pick.workload.num_requests == 20 and pick.config == Summary.model_validate_json(
         (out / "summary.json").read_text()).best.config
     summary = Summary.model_validate_json((out / "summary.json").read_text())

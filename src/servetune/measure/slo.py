@@ -2,12 +2,15 @@
 the level metric it bounds (`p99_ttft_ms`, `vllm bench serve`'s field name in `LevelMetrics`), a label, what a
 level's statistical test counts (a request's value, or for ITL every inter-token gap), and its key in `servetune
 bench --goodput` (`ttft_ms=...`, as `vllm bench serve --goodput` names it); and a study's rates have a unit: req/s,
-or for a trace replay its speed-up factor."""
+or for a trace replay its speed-up factor. A study's SLOs are parsed once (`parse_slo`) into `Slos`: each a `Slo`, a
+latency and its bound."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from pydantic_core import core_schema
 
 from servetune.errors import ServetuneError
 from servetune.loadgen.records import RequestRecord
@@ -69,20 +72,85 @@ def latency(slo: str) -> Latency:
     return _BY_SLO[slo]
 
 
-def headline_latencies(slo: Mapping[str, Any]) -> tuple[Latency, ...]:
+@dataclass(frozen=True)
+class Slo:
+    """A p99 bound on one latency."""
+
+    latency: Latency
+    bound_ms: float
+
+    @property
+    def name(self) -> str:
+        """Its key, e.g. ttft_p99_ms."""
+        return self.latency.slo
+
+    def __str__(self) -> str:
+        return f"p99 {self.latency.label} <= {self.bound_ms:g} ms"
+
+
+@dataclass(frozen=True)
+class Slos:
+    """A study's SLOs, in the order given (`parse_slo`); stored and written as {key: bound_ms}."""
+
+    items: tuple[Slo, ...] = ()
+
+    def __iter__(self) -> Iterator[Slo]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __contains__(self, latency: object) -> bool:
+        return any(slo.latency is latency for slo in self.items)
+
+    def bound(self, latency: Latency) -> float | None:
+        """The bound on `latency` (ms), or None where no SLO bounds it."""
+        return next((slo.bound_ms for slo in self.items if slo.latency is latency), None)
+
+    def as_dict(self) -> dict[str, float]:
+        """{'ttft_p99_ms': 1000.0, ...}: as a study, a summary and `--slo` name them."""
+        return {slo.name: slo.bound_ms for slo in self.items}
+
+    def __str__(self) -> str:
+        return ", ".join(map(str, self.items)) or "no SLO"
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
+        """In a pydantic model: read from {key: bound} (`parse_slo`), written back as one (`as_dict`)."""
+        return core_schema.no_info_before_validator_function(
+            _validated, core_schema.is_instance_schema(cls),
+            serialization=core_schema.plain_serializer_function_ser_schema(lambda slos: slos.as_dict()))
+
+
+NO_SLO = Slos()
+
+
+def _validated(value: Any) -> "Slos":
+    """`Slos` as a pydantic field reads them: parsed from {key: bound}, a bad one a ValueError naming it."""
+    if isinstance(value, Slos):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"SLOs are {{name: ms}}, not {type(value).__name__}")
+    try:
+        return parse_slo(value)
+    except ServetuneError as e:
+        raise ValueError(str(e)) from None
+
+
+def headline_latencies(slo: Slos) -> tuple[Latency, ...]:
     """The latencies a study's results headline: each one its SLOs bound, or TTFT and TPOT when it sets none."""
-    return tuple(lat for lat in LATENCIES if lat.slo in slo) or (TTFT, TPOT)
+    return tuple(lat for lat in LATENCIES if lat in slo) or (TTFT, TPOT)
 
 
-def parse_slo(slo: Mapping[str, Any]) -> dict[str, float]:
-    """Validate SLO names and values: {'ttft_p99_ms': 1000.0, ...}."""
+def parse_slo(slo: Mapping[str, Any]) -> Slos:
+    """Validate SLO names and values ({'ttft_p99_ms': 1000, ...}) into `Slos`."""
     unknown = sorted(set(slo) - set(_BY_SLO))
     if unknown:
         raise ServetuneError(f"unknown SLO {', '.join(unknown)}; use {', '.join(_BY_SLO)}")
-    bad = [k for k, v in slo.items() if not (isinstance(v, (int, float)) and v > 0)]
+    bad = [k for k, v in slo.items() if isinstance(v, bool) or not (isinstance(v, (int, float)) and v > 0)]
     if bad:
         raise ServetuneError(f"SLO {', '.join(bad)} must be a positive number of ms")
-    return {k: float(v) for k, v in slo.items()}
+    return Slos(tuple(Slo(_BY_SLO[k], float(v)) for k, v in slo.items()))
 
 
 def parse_goodput(goodput: Mapping[str, Any]) -> dict[str, float]:

@@ -44,7 +44,7 @@ and the reasons together into a level's `LevelVerdict`.
 """
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
@@ -55,7 +55,7 @@ from scipy import stats
 
 from servetune.loadgen.records import RequestRecord
 from servetune.measure.metrics import LevelMetrics, e2el_ms, itls_ms
-from servetune.measure.slo import latency
+from servetune.measure.slo import Slo, Slos, latency
 from servetune.measure.steady import Window, fell_behind, keep_up, keeping_up_unshown
 
 QUANTILE = 0.99  # the SLOs are p99s
@@ -175,13 +175,13 @@ def _binomial_pmf(n: int, p: float) -> np.ndarray:
     return pmf[: int(np.flatnonzero(pmf > 1e-18).max()) + 1]
 
 
-def least_counted(slo: Mapping[str, float], confidence: float, min_requests: int, gaps_per_request: float) -> int:
+def least_counted(slo: Slos, confidence: float, min_requests: int, gaps_per_request: float) -> int:
     """The fewest requests counted after a level fills up on which it can pass every SLO in `slo` at `confidence`
     within 1% (a window's first look; a level's last look, within HUGGING x 1%, needs fewer): a request-level p99
     with none over its bound (`clopper_pearson`'s upper bound within 1%: 299 at 95%); ITL with as many gaps over
     the requests, and never fewer requests than `min_requests` (`LevelTest`'s `first`)."""
     none_over = math.ceil(math.log(1 - confidence) / math.log(QUANTILE))
-    if any(latency(name).per_request is not None for name in slo):
+    if any(s.latency.per_request is not None for s in slo):
         return max(min_requests, none_over)
     return max(min_requests, math.ceil(none_over / max(1.0, gaps_per_request)) if slo else 0)
 
@@ -299,10 +299,10 @@ class LevelTest:
     anything: for tens of thousands of requests that takes a second or more, which the client must not spend while its
     arrivals are due."""
 
-    def __init__(self, slo: Mapping[str, float], first: int, due_ns: Sequence[int],
+    def __init__(self, slo: Slos, first: int, due_ns: Sequence[int],
                  windows_ns: tuple[int, int] | None = None, fill_ns: int = 0, first_index: int = 0,
                  confidence: float = CONFIDENCE, keep_up: float | None = None):
-        self.slo, self.first, self.keep_up = dict(slo), first, keep_up
+        self.slo, self.first, self.keep_up = slo, first, keep_up
         window_ns, longest_ns = windows_ns or (None, None)
         self.due_ns, self.window_ns, self.min_fill_ns = list(due_ns), window_ns, fill_ns
         self.extendable = window_ns is not None and longest_ns is not None and longest_ns > window_ns
@@ -311,7 +311,7 @@ class LevelTest:
         self._fail_alpha = (1 - confidence) / max(1, len(slo))  # a level fails when any SLO fails: split between them
         self.extended = False
         self.bounds: Boundaries | None = None  # the request-level fail side, over every timed request
-        if any(latency(name).per_request is not None for name in slo):  # before any request is sent
+        if any(s.latency.per_request is not None for s in slo):  # before any request is sent
             self.bounds = boundaries(min(FIRST_FAIL_LOOK, first), max(1, len(self.due_ns)), self._fail_alpha)
         self.looks: list[int] = []
         self.itl_fail_confidence = 1 - self._fail_alpha
@@ -321,8 +321,8 @@ class LevelTest:
         self.fill_end_ns: int | None = None  # offset from the origin: requests due before this are not counted
         self.counted_range: range | None = None  # the indices of the window's requests, once the fill is known
         self.skipped = 0
-        self._over = {name: 0 for name in slo}
-        self._counted = {name: 0 for name in slo}
+        self._over = {s.name: 0 for s in slo}
+        self._counted = {s.name: 0 for s in slo}
         self._counted_records: list[RequestRecord] = []
         self._seen: list[RequestRecord] = []  # every request finished, where keeping up is judged here
         self.requests = 0
@@ -393,7 +393,7 @@ class LevelTest:
         self.counted_range = self._window(self.window_ns)
         cap = max(1, len(self._window(self.longest_ns)))
         first_fail = min(FIRST_FAIL_LOOK, self.first)
-        per_gap = [name for name in self.slo if latency(name).per_request is None]
+        per_gap = [s for s in self.slo if s.latency.per_request is None]
         self.looks = itl_looks(first_fail, cap) if per_gap else []
         self.itl_fail_confidence = 1 - self._fail_alpha / (len(self.looks) + 1)  # the looks and the one at the end
         return True
@@ -417,15 +417,15 @@ class LevelTest:
     def _count(self, r: RequestRecord) -> None:
         self.requests += 1
         self._counted_records.append(r)
-        for name, bound in self.slo.items():
-            per_request = latency(name).per_request
+        for slo in self.slo:
+            per_request = slo.latency.per_request
             if per_request is None:  # ITL: the request's gaps, in `itl_bounds`
                 continue
             value = per_request(r)
             if value is None:  # a one-token reply has no TPOT
                 continue
-            self._counted[name] += 1
-            self._over[name] += value > bound
+            self._counted[slo.name] += 1
+            self._over[slo.name] += value > slo.bound_ms
 
     def _spanned(self) -> bool:
         """The counted requests span FAIL_SPAN_S of due time, or the whole window: a fail may be decided."""
@@ -437,11 +437,11 @@ class LevelTest:
 
     def _decide(self, final: bool) -> None:
         may_fail = final or self._spanned()
-        for name, bound in self.slo.items():
-            test = (self._itl_test(name, bound, final, may_fail) if latency(name).per_request is None
-                    else self._request_test(name, bound, final, may_fail))
+        for slo in self.slo:
+            test = (self._itl_test(slo, final, may_fail) if slo.latency.per_request is None
+                    else self._request_test(slo, final, may_fail))
             if test is not None:
-                self.tests[name] = test
+                self.tests[slo.name] = test
         decisions = [t.decision for t in self.tests.values()]
         if Decision.FAIL in decisions:
             self.decision = Decision.FAIL
@@ -454,13 +454,13 @@ class LevelTest:
         last = final and (self.extended or not self.extendable)
         return HUGGING * (1 - QUANTILE) if last and _within(over, counted) else 1 - QUANTILE
 
-    def _request_test(self, name: str, bound: float, final: bool, may_fail: bool) -> SloTest:
-        over, n = self._over[name], self._counted[name]
-        per_request = latency(name).per_request
+    def _request_test(self, slo: Slo, final: bool, may_fail: bool) -> SloTest:
+        over, n = self._over[slo.name], self._counted[slo.name]
+        per_request, bound = slo.latency.per_request, slo.bound_ms
         assert per_request is not None and self.bounds is not None  # a per-request SLO's, set with the window
         limit, effective = self._limit(final, over, n), float(n)
         fail = bool(may_fail and n and self.bounds.fails(over, n)
-                    and _clustered(self._counted_records, name, bound, self.bounds.fail_confidence)[0] > 1 - QUANTILE)
+                    and _clustered(self._counted_records, slo, self.bounds.fail_confidence)[0] > 1 - QUANTILE)
         confidence = self.bounds.fail_confidence if fail else self.confidence
         if not fail and final and n and self.extendable and not self.extended:  # the first window's look: runs count
             effective /= design_effect([v for r in self._counted_records if (v := per_request(r)) is not None], bound)
@@ -468,25 +468,25 @@ class LevelTest:
         if fail:
             decision = Decision.FAIL
         elif (final and n >= self.first and high <= limit
-              and _clustered(self._counted_records, name, bound, confidence)[1] <= limit):
+              and _clustered(self._counted_records, slo, confidence)[1] <= limit):
             decision = Decision.PASS
         else:
             decision = Decision.UNDECIDED
-        return SloTest(slo=name, bound_ms=bound, over=over, counted=n, requests=self.requests, low=low, high=high,
+        return SloTest(slo=slo.name, bound_ms=bound, over=over, counted=n, requests=self.requests, low=low, high=high,
                        decision=decision, limit=limit, effective=effective if effective < n else None)
 
-    def _itl_test(self, name: str, bound: float, final: bool, may_fail: bool) -> SloTest | None:
+    def _itl_test(self, slo: Slo, final: bool, may_fail: bool) -> SloTest | None:
         if self.requests not in self.looks and not final:
             return None
-        over, counted, low, high = itl_bounds(self._counted_records, bound, self.itl_fail_confidence)
+        over, counted, low, high = itl_bounds(self._counted_records, slo.bound_ms, self.itl_fail_confidence)
         limit = self._limit(final, over, counted)  # the counts are the same at either confidence
         if may_fail and low > 1 - QUANTILE:
             decision = Decision.FAIL
         else:
-            over, counted, low, high = itl_bounds(self._counted_records, bound, self.confidence)
+            over, counted, low, high = itl_bounds(self._counted_records, slo.bound_ms, self.confidence)
             ok = final and self.requests >= self.first and high <= limit
             decision = Decision.PASS if ok else Decision.UNDECIDED
-        return SloTest(slo=name, bound_ms=bound, over=over, counted=counted, requests=self.requests,
+        return SloTest(slo=slo.name, bound_ms=slo.bound_ms, over=over, counted=counted, requests=self.requests,
                        low=low, high=high, decision=decision, limit=limit)
 
     def finish(self) -> Decision:
@@ -527,12 +527,12 @@ def design_effect(values: Sequence[float], bound: float) -> float:
     return min(float(n), max(1.0, tau))
 
 
-def _clustered(records: Sequence[RequestRecord], name: str, bound: float, confidence: float) -> tuple[float, float]:
-    """Confidence bounds of the fraction of `records` over `bound` in SLO `name`, with requests clustered by the
+def _clustered(records: Sequence[RequestRecord], slo: Slo, confidence: float) -> tuple[float, float]:
+    """Confidence bounds of the fraction of `records` over `slo`'s bound, with requests clustered by the
     ITL_WINDOW_S window they were due in (Student-t on the windows less one): requests due together share the
     server's state (a burst of arrivals, a long prefill step, a stall), and their excess over a bound with it.
     Fewer than two windows: (0, 1)."""
-    per_request = latency(name).per_request
+    per_request, bound = slo.latency.per_request, slo.bound_ms
     assert per_request is not None  # a per-request SLO (ITL's gaps are in itl_bounds)
     values = [(v > bound, r.scheduled_ns) for r in records if (v := per_request(r)) is not None]
     if not values:
@@ -557,7 +557,7 @@ class LevelVerdict:
     rejected: int
 
 
-def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequence[SloTest] | None,
+def level_verdict(metrics: LevelMetrics, slo: Slos, tests: Sequence[SloTest] | None,
                   stopped: StopReason | None, below_capacity: bool = False,
                   above_capacity: bool = False) -> LevelVerdict:
     """A level's verdict from its metrics and its SLOs' finished tests (None: a level at rate inf, judged by its
@@ -576,7 +576,7 @@ def level_verdict(metrics: LevelMetrics, slo: Mapping[str, float], tests: Sequen
     if stopped == StopReason.SATURATED:
         hard.append("cut short: saturated")
     open_tests = [t for t in tests or [] if t.decision == Decision.UNDECIDED] + [
-        name for name in slo if tests is not None and name not in {t.slo for t in tests}]
+        s.name for s in slo if tests is not None and s.name not in {t.slo for t in tests}]
     unshown = (keeping_up_unshown(metrics.keep_up_ratio, metrics.keep_up_se)
                if math.isfinite(metrics.offered_request_rate) and not below_capacity else None)
     if hard:
@@ -608,7 +608,7 @@ def rejected_requests(metrics: LevelMetrics) -> int:
     return sum(n for kind, n in metrics.errors.items() if kind.startswith("http_4"))
 
 
-def fail_reasons(metrics: LevelMetrics, slo: Mapping[str, float], short_replies: int = 0,
+def fail_reasons(metrics: LevelMetrics, slo: Slos, short_replies: int = 0,
                  tests: Sequence[SloTest] | None = None, below_capacity: bool = False) -> list[str]:
     """Why a level fails (empty when nothing fails it). With `tests` (the level's statistical tests) each SLO is
     judged by its test, and a failed one is a reason; without them, by the level's p99 against its bound. A level
@@ -618,8 +618,8 @@ def fail_reasons(metrics: LevelMetrics, slo: Mapping[str, float], short_replies:
     Requests the config rejects, replies cut short of max_tokens and a client that fell behind its own
     schedule (`client_lagging`) are named apart from server-side failures."""
     if tests is None:
-        reasons = [f"{name} {latency(name).p99(metrics):.1f} > {bound:g}"
-                   for name, bound in slo.items() if latency(name).p99(metrics) > bound]
+        reasons = [f"{s.name} {s.latency.p99(metrics):.1f} > {s.bound_ms:g}"
+                   for s in slo if s.latency.p99(metrics) > s.bound_ms]
     else:
         reasons = [str(test) for test in tests if test.decision == Decision.FAIL]
     rejected = rejected_requests(metrics)

@@ -53,7 +53,7 @@ def pareto_front(points: list[TrialRow], latency: str) -> list[TrialRow]:
 def pareto(results: Results) -> Figure | None:
     """Objective value against the p99 of each latency the SLOs bound (TTFT and TPOT without SLOs) for every trial
     that measured a rate; the front as a staircase. None when none did."""
-    (rows, default, best), objective, slo = _marked(results), results.meta.objective, results.meta.slo
+    (rows, default, best), objective, slo = _marked(results), results.meta.objective, results.meta.slos
     label_y = value_label(objective, results.summary.rate_unit)
     if not any(r.value for r in rows):
         return None
@@ -75,9 +75,9 @@ def pareto(results: Results) -> Figure | None:
                 ax.annotate(f"#{p.trial}", (p.slo_p99[slo_key], p.value), xytext=(5, -11),
                             textcoords="offset points", fontsize=8, color="#92400e")
             _mark(ax, points, default, best, slo_key)
-            if slo_key in slo:
-                ax.axvline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2)
-                ax.annotate(f"SLO {slo[slo_key]:g} ms", (slo[slo_key], 0), xycoords=("data", "axes fraction"),
+            if (bound := slo.bound(lat)) is not None:
+                ax.axvline(bound, color=SLO, linestyle="--", linewidth=1.2)
+                ax.annotate(f"SLO {bound:g} ms", (bound, 0), xycoords=("data", "axes fraction"),
                             xytext=(-4, 4), textcoords="offset points", ha="right", color=SLO, fontsize=9)
             _log_if_wide(ax.set_xscale, [p.slo_p99[slo_key] for p in points])
             ax.set_xlabel(f"{label}, {measured_at(objective)}")
@@ -115,7 +115,7 @@ def load_curves(results: Results) -> Figure | None:
     """The p99 of each latency the SLOs bound (TTFT and TPOT without SLOs) against the offered request rate, one line
     per config through its load levels. The capacity level (every request at once) sits at the rate it achieved.
     None without any level."""
-    (rows, default, best), slo = _marked(results), results.meta.slo
+    (rows, default, best), slo = _marked(results), results.meta.slos
     in_req_s = results.summary.rate_unit == RateUnit.REQUESTS_PER_S  # a trace's levels: at the req/s they offered
     latencies = headline_latencies(slo)
     if not any(_level_points(r, latencies[0], in_req_s) for r in rows):
@@ -125,7 +125,7 @@ def load_curves(results: Results) -> Figure | None:
         axes = fig.subplots(1, len(latencies), squeeze=False)[0]
         order = sorted(rows, key=lambda r: (r.trial == best, r.trial == default))  # highlights on top
         for ax, lat in zip(axes, latencies):
-            slo_key, label = lat.slo, lat.p99_label
+            label = lat.p99_label
             values = []
             for row in order:
                 levels = sorted(_level_points(row, lat, in_req_s), key=lambda p: p[0])
@@ -139,9 +139,9 @@ def load_curves(results: Results) -> Figure | None:
                     ax.scatter(x, y, s=55 if capacity else 30, marker="D" if capacity else "o", zorder=z,
                                facecolor=color if passed else "white", edgecolor=color, linewidth=1.4)
                 values += [p[1] for p in levels]
-            if slo_key in slo:
-                ax.axhline(slo[slo_key], color=SLO, linestyle="--", linewidth=1.2)
-                ax.annotate(f"SLO {slo[slo_key]:g} ms", (0.01, slo[slo_key]), xycoords=("axes fraction", "data"),
+            if (bound := slo.bound(lat)) is not None:
+                ax.axhline(bound, color=SLO, linestyle="--", linewidth=1.2)
+                ax.annotate(f"SLO {bound:g} ms", (0.01, bound), xycoords=("axes fraction", "data"),
                             xytext=(0, 4), textcoords="offset points", color=SLO, fontsize=9)
             _log_if_wide(ax.set_yscale, values)
             ax.set_xlabel("offered request rate (req/s)")

@@ -72,5 +72,5 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
         if best else None, headroom=headroom,
         best_command=command(meta.model, best.config) if best else None,
         workload=yaml.safe_dump(meta.workload, sort_keys=False), per_turn=per_turn,
-        latencies=headline_latencies(meta.slo), goodput=meta.objective == Objective.GOODPUT,
+        latencies=headline_latencies(meta.slos), goodput=meta.objective == Objective.GOODPUT,
     )

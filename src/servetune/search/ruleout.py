@@ -18,7 +18,7 @@ from typing import Any
 
 from scipy import stats
 
-from servetune.measure.slo import ITL
+from servetune.measure.slo import ITL, Slos
 from servetune.measure.steady import KEEP_UP_FRACTION
 from servetune.measure.verdict import CONFIDENCE
 from servetune.study.outcome import TrialOutcome
@@ -75,17 +75,17 @@ def prefill_step_tokens(config: Mapping[str, Any], typical_prompt: int) -> int |
     return None if chunk is None else min(typical_prompt, int(chunk))
 
 
-def ruled_out(config: Mapping[str, Any], slo: Mapping[str, float], cost: PrefillCost | None,
+def ruled_out(config: Mapping[str, Any], slo: Slos, cost: PrefillCost | None,
               typical_prompt: int) -> str | None:
     """Why measured trials rule `config` out under the p99 ITL SLO, or None."""
-    if cost is None or ITL.slo not in slo:
+    if cost is None or (itl := slo.bound(ITL)) is None:
         return None
     tokens = prefill_step_tokens(config, typical_prompt)
     stall = 0.0 if tokens is None else cost.step_ms(tokens)
-    if stall <= slo[ITL.slo]:
+    if stall <= itl:
         return None
     how = "whole-prompt" if config.get("enable_chunked_prefill") is False else f"{tokens}-token chunk"
     return (f"a {how} prefill step of ~{tokens} tokens takes at least ~{stall:.0f} ms: TTFT grows "
             f"{cost.slope:.4f} +- {cost.se:.4f} ms per prompt token in trial {cost.trial} (at {cost.rate:.2f} "
             f"{cost.rate_unit}; at least {cost.least_ms:.4f} at {CONFIDENCE:.0%} confidence), over the p99 ITL SLO of "
-            f"{slo[ITL.slo]:g} ms")
+            f"{itl:g} ms")

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from servetune.engine.logfacts import FailureKind
 from servetune.knobs import KNOBS, first_rung
-from servetune.measure.slo import latency
+from servetune.measure.slo import NO_SLO, Slos
 from servetune.search.space import SearchSpace
 from servetune.study.record import RecordedTrial, Role, StudyRecord, TrialRecord, constraints_of, read_trial
 
@@ -74,9 +74,9 @@ class OptunaStrategy:
     TPE proposes the rest."""
 
     def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool,
-                 slo: tuple[str, ...] = ()):
+                 slo: Slos = NO_SLO):
         self.space, self.budget, self.seed, self.constrained = space, budget, seed, constrained
-        latency_bound = any(latency(name).prefill_bound for name in slo)  # prefill stalls break it: chunking decides
+        latency_bound = any(s.latency.prefill_bound for s in slo)  # prefill stalls break it: chunking decides
         self.ladder = ChunkLadder.for_space(space, self.anchor()) if latency_bound else None
 
     def anchor(self) -> dict[str, Any]:
@@ -202,7 +202,7 @@ class SeedStrategy:
     enforce-eager only once a config ran out of memory. A ladder stops at the first launch failure or
     preemption, or when a step is no better than the one before."""
 
-    def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool, slo: tuple[str, ...] = ()):
+    def __init__(self, space: SearchSpace, budget: int, seed: int, constrained: bool, slo: Slos = NO_SLO):
         self.space = space
         self.steps = self._ladders()
 
@@ -270,8 +270,8 @@ class SeedStrategy:
 
 
 def make_strategy(name: str, space: SearchSpace, budget: int, seed: int, constrained: bool,
-                  slo: tuple[str, ...] = ()) -> Strategy:
-    """The strategy called `name`; `slo` names the SLOs of the study (what binds shapes the warm start)."""
+                  slo: Slos = NO_SLO) -> Strategy:
+    """The strategy called `name`; `slo`: the SLOs of the study (what binds shapes the warm start)."""
     if name not in REGISTRY:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}")
     return REGISTRY[name].make(space, budget, seed, constrained, slo)

@@ -33,7 +33,7 @@ from pydantic import (
 
 from servetune.engine.memory import Calibration
 from servetune.errors import StudyError
-from servetune.measure.slo import Objective
+from servetune.measure.slo import Objective, Slos, parse_slo
 from servetune.measure.verdict import SloTest
 from servetune.study.outcome import TrialOutcome
 from servetune.workload import RateUnit
@@ -221,6 +221,11 @@ class StudyMeta(_Stored):
     def rate_unit(self) -> RateUnit:
         """What the study's rates count (`WorkloadSpec.rate_unit`)."""
         return RateUnit.of(self.workload.get("trace"))
+
+    @property
+    def slos(self) -> Slos:
+        """The SLOs, parsed."""
+        return parse_slo(self.slo)
 
     @property
     def confidence(self) -> float | None:

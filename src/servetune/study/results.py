@@ -7,7 +7,6 @@ Depends only on the study's record (`servetune.study.record`)."""
 import csv
 import io
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
 from servetune.jsonio import write_atomic, write_json
-from servetune.measure.slo import Objective, headline_latencies
+from servetune.measure.slo import Objective, Slos, headline_latencies, parse_slo
 from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level, said_at
 from servetune.study.record import (
     HeadToHead,
@@ -84,7 +83,7 @@ class TrialRow(_Frozen):
         return said_at(self.levels, high) if high is not None else None
 
 
-def trial_row(t: RecordedTrial, slo: Mapping[str, float], out_dir: Path | None = None) -> TrialRow:
+def trial_row(t: RecordedTrial, slo: Slos, out_dir: Path | None = None) -> TrialRow:
     """A measured trial's row, with the p99s of the latencies `slo` bounds; `out_dir`: the study's output directory,
     for the path of a failed trial's log."""
     out = t.outcome
@@ -299,6 +298,11 @@ class Summary(_Frozen):
                                                    if k not in ("best_command", "headroom")}
 
     @property
+    def slos(self) -> Slos:
+        """The SLOs, parsed."""
+        return parse_slo(self.slo)
+
+    @property
     def recommended_rate(self) -> float | None:
         """The rate the recommendation holds: the head-to-head's, else the best config's own."""
         if self.best is None:
@@ -478,7 +482,7 @@ class Results:
         self.meta = record.meta
         trials = record.trials()
         out_dir = Path(self.meta.out)
-        self.rows = [trial_row(t, self.meta.slo, out_dir) for t in trials if t.measured]
+        self.rows = [trial_row(t, self.meta.slos, out_dir) for t in trials if t.measured]
         self.unmeasured = unmeasured(trials)
         self.summary = summarize(self.meta, record, trials, self.rows)
 

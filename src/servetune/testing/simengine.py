@@ -38,6 +38,7 @@ from servetune.loadgen.records import LoadResult
 from servetune.loadgen.runner import due_times
 from servetune.measure.bench import LevelResult
 from servetune.measure.metrics import summarize
+from servetune.measure.slo import parse_slo
 from servetune.study.outcome import Failure, TrialOutcome
 from servetune.study.results import Results, write_outputs
 from servetune.testing.batching import Physics, Served, serve
@@ -364,7 +365,7 @@ def simulate(scenario: Scenario, model: Path, out: Path, hooks: Hooks = Hooks())
     in `out`."""
     clock = SimClock()
     opts = TuneOptions(model=str(model), workload=WorkloadSpec.model_validate(scenario.workload), out=out,
-                       slo=dict(scenario.slo), strategy=scenario.strategy, budget=scenario.budget,
+                       slo=parse_slo(scenario.slo), strategy=scenario.strategy, budget=scenario.budget,
                        time_limit_s=scenario.limit_s, seed=scenario.seed, references=list(scenario.references),
                        levels=LevelOptions(requests=scenario.level_requests, max_levels=scenario.max_levels))
     published: list[Results] = []

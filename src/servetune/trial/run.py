@@ -35,7 +35,7 @@ from servetune.engine.logfacts import FailureKind
 from servetune.loadgen import LoadShape, RequestRecord
 from servetune.loadgen.runner import due_times
 from servetune.measure.metrics import e2el_ms, summarize, tpot_ms, ttft_ms
-from servetune.measure.slo import TPOT, TTFT, Objective, latency
+from servetune.measure.slo import TPOT, TTFT, Objective, Slos
 from servetune.measure.steady import Window, keep_up_window_s
 from servetune.measure.verdict import (
     Decision,
@@ -108,7 +108,7 @@ class TrialPlan:
 
     model: str
     workload: WorkloadSpec
-    slo: dict[str, float]
+    slo: Slos
     objective: Objective
     level_sets: list[list[RequestSpec]]  # the prompt pool (one set; a head-to-head's own, fresh one)
     levels: LevelOptions = LevelOptions()
@@ -176,7 +176,7 @@ def vllm_server(plan: TrialPlan, engine_args: dict[str, Any], log_path: Path, st
     return VllmServer(engine, plan.workload.endpoint)
 
 
-def saturation_check(slo: dict[str, float], rate: float, schedule_s: float, clock: Clock = time,
+def saturation_check(slo: Slos, rate: float, schedule_s: float, clock: Clock = time,
                      first_index: int = 0) -> Callable[[Sequence[RequestRecord]], bool]:
     """A `should_stop` that cuts a level at `rate` req/s once it is clearly saturated: the recent median TTFT or
     TPOT is far past its SLO; it has fallen far behind its arrivals (`behind`); or it runs 50% (plus 10 s) longer
@@ -205,10 +205,10 @@ def saturation_check(slo: dict[str, float], rate: float, schedule_s: float, cloc
         recent = [r for r in finished[-10:] if r.ok and r.chunk_ns]
         if not recent:
             return False
-        if TTFT.slo in slo and statistics.median(map(ttft_ms, recent)) > 4 * slo[TTFT.slo]:
+        if (ttft := slo.bound(TTFT)) is not None and statistics.median(map(ttft_ms, recent)) > 4 * ttft:
             return True
         tpots = [t for t in map(tpot_ms, recent) if t is not None]
-        return TPOT.slo in slo and bool(tpots) and statistics.median(tpots) > 2 * slo[TPOT.slo]
+        return (tpot := slo.bound(TPOT)) is not None and bool(tpots) and statistics.median(tpots) > 2 * tpot
 
     return should_stop
 
@@ -602,14 +602,14 @@ def _turns_due(timed: list[RequestSpec], session_due: list[int]) -> list[int]:
     return [session_due[order[r.session]] for r in timed]
 
 
-def margin(level: LevelOutcome, slo: dict[str, float], capacity: float | None) -> float | None:
+def margin(level: LevelOutcome, slo: Slos, capacity: float | None) -> float | None:
     """How far a level is from its limit, the largest of: each SLO's log(p99 / bound), and log(rate / what the
     server sustains): its completions where it fell behind, else (a level that did not pass) the capacity.
     Negative: room; None: unknown."""
     m = level.metrics
     if not m.completed:
         return None
-    margins = [math.log(p99 / bound) for name, bound in slo.items() if (p99 := latency(name).p99(m)) > 0]
+    margins = [math.log(p99 / s.bound_ms) for s in slo if (p99 := s.latency.p99(m)) > 0]
     below = bool(capacity and level.rate <= NEAR_CAPACITY * capacity)
     if level_fell_behind(m, below):
         margins.append(-math.log(max(m.keep_up_ratio or 0.0, 1e-3)))

@@ -21,7 +21,7 @@ from servetune.engine.memory import ModelShape
 from servetune.errors import ServetuneError
 from servetune.executors import Executor, Job, make_executor
 from servetune.jsonio import check_writable
-from servetune.measure.slo import Objective, latency
+from servetune.measure.slo import NO_SLO, Objective, Slos
 from servetune.measure.verdict import Decision
 from servetune.report import publish
 from servetune.search.feasibility import MemoryCheck
@@ -94,7 +94,7 @@ class TuneOptions:
     model: str
     workload: WorkloadSpec
     out: Path
-    slo: dict[str, float] = field(default_factory=dict)
+    slo: Slos = NO_SLO
     objective: Objective = Objective.GOODPUT
     strategy: str = "optuna"
     budget: int = 6  # servers to launch, vLLM's defaults included
@@ -122,7 +122,7 @@ class TuneOptions:
 
     def defining(self) -> dict[str, Any]:
         """What defines the study (`study.storage.DEFINING`), as its meta stores it."""
-        return {"model": self.model, "workload": self.workload.model_dump(mode="json"), "slo": self.slo,
+        return {"model": self.model, "workload": self.workload.model_dump(mode="json"), "slo": self.slo.as_dict(),
                 "objective": self.objective, "strategy": self.strategy, "seed": self.seed,
                 "user_engine_args": self.engine_args, "references": self.references,
                 "optional_knobs": list(self.optional_knobs), "tokenizer": self.tokenizer,
@@ -279,7 +279,7 @@ class Proposer:
                          device=vllm.device_type, out=str(opts.out.resolve()))
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == Objective.THROUGHPUT and bool(opts.slo),
-                                 slo=tuple(opts.slo))
+                                 slo=opts.slo)
         record = open_study(opts.storage or default_storage(opts.out), strategy.sampler(), meta, opts.resume, backend)
         if memory is not None and _launches(record):  # resumed: refit on the launches already made
             memory.observe(_launches(record))
@@ -618,9 +618,9 @@ def _launches(record: StudyRecord) -> list[tuple[dict, int]]:
     return [(o.config, o.startup.kv_cache_tokens) for o in record.launches() if o.startup and o.startup.kv_cache_tokens]
 
 
-def _constraints(out: TrialOutcome, slo: dict[str, float]) -> list[float]:
+def _constraints(out: TrialOutcome, slo: Slos) -> list[float]:
     """Optuna constraints (<= 0 is feasible): each p99 over its SLO, at the capacity level (none measured: none)."""
     capacity = out.capacity
     if capacity is None or not capacity.metrics.completed:
         return [0.0]
-    return [latency(k).p99(capacity.metrics) - v for k, v in slo.items()] or [0.0]
+    return [s.latency.p99(capacity.metrics) - s.bound_ms for s in slo] or [0.0]

@@ -17,6 +17,7 @@ import pytest
 from servetune.loadgen.records import RequestRecord
 from servetune.measure import verdict
 from servetune.measure.metrics import tpot_ms, ttft_ms
+from servetune.measure.slo import parse_slo
 from servetune.measure.steady import fell_behind, keep_up, keeping_up_unshown, sent_to_the_end
 from servetune.trial.run import CAPACITY_OPENS, capacity
 from support.levels import fed
@@ -106,7 +107,7 @@ def test_on_the_h200_the_held_level_keeps_up_and_the_other_does_not_show_it():
 def decided(level: dict, slo: dict[str, float]) -> verdict.LevelTest:
     """A tune's level decided again: its requests fed to the level test as they finished, counted to its end."""
     records = with_tokens(level["records"])
-    return fed(verdict.LevelTest(slo, first=40, due_ns=[r.scheduled_ns for r in records]), records)
+    return fed(verdict.LevelTest(parse_slo(slo), first=40, due_ns=[r.scheduled_ns for r in records]), records)
 
 
 def test_a_heavy_tailed_level_whose_p99_itl_hugs_its_bound_passes_where_vllms_client_held_it():

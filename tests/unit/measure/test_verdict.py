@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from servetune.loadgen.records import RequestRecord
+from servetune.measure.slo import Slos, parse_slo
 from servetune.measure.steady import Window, fell_behind, keep_up, keeping_up_unshown
 from servetune.measure.verdict import (
     FAIL_SPAN_S,
@@ -43,7 +44,7 @@ def record(index: int, ttft_ms: float = 10.0, gaps_ms: list[float] | None = None
                          http_status=200 if error is None else 500)
 
 
-def level_test(slo: dict, n: int, every_ms: int = 100, first_index: int = 0) -> LevelTest:
+def level_test(slo: Slos, n: int, every_ms: int = 100, first_index: int = 0) -> LevelTest:
     """The test of a level of `n` requests due `every_ms` apart (as `record` sends them), counted to its end."""
     return LevelTest(slo, first=40, due_ns=[(first_index + k) * every_ms * MS for k in range(n)],
                      first_index=first_index)
@@ -83,13 +84,13 @@ def test_the_fail_looks_together_keep_their_error_rate():
 
 
 def test_a_level_passes_only_at_its_end_and_fails_as_soon_as_it_shows():
-    test = level_test({"ttft_p99_ms": 50.0}, 400)
+    test = level_test(parse_slo({"ttft_p99_ms": 50.0}), 400)
     for i in range(400):
         assert test.add(record(i)) == Decision.UNDECIDED  # however clean, no pass before the level's end
     assert test.finish() == Decision.PASS and test.skipped == 1  # the first request was the fill
     t = test.tests["ttft_p99_ms"]
     assert (t.over, t.counted, t.requests) == (0, 399, 399) and t.high <= 0.01
-    short = level_test({"ttft_p99_ms": 50.0}, 400)
+    short = level_test(parse_slo({"ttft_p99_ms": 50.0}), 400)
     for i in range(200):  # stopped early (a deadline): 199 clean requests cannot show a p99 (the last look: 239)
         short.add(record(i))
     assert short.finish() == Decision.UNDECIDED
@@ -98,7 +99,7 @@ def test_a_level_passes_only_at_its_end_and_fails_as_soon_as_it_shows():
 def test_the_requests_sent_while_a_level_fills_up_are_not_counted():
     # one every 10 ms; the first 5 are the level's only slow ones (95 ms end to end, the rest 45), which puts the
     # p90 of the first 20 at 95 ms: the 10 requests due in those 95 ms are the fill, and without them it passes
-    test = level_test({"ttft_p99_ms": 50.0}, 600, every_ms=10)
+    test = level_test(parse_slo({"ttft_p99_ms": 50.0}), 600, every_ms=10)
     for i in range(600):
         test.add(record(i, ttft_ms=60.0 if i < 5 else 10.0, every_ms=10))
     assert test.finish() == Decision.PASS and test.fill_end_ns == 95 * MS and test.skipped == 10
@@ -106,7 +107,7 @@ def test_the_requests_sent_while_a_level_fills_up_are_not_counted():
 
 
 def test_a_level_fails_once_its_requests_span_the_fail_span_and_at_once_on_an_error():
-    test = level_test({"ttft_p99_ms": 50.0}, 600)
+    test = level_test(parse_slo({"ttft_p99_ms": 50.0}), 600)
     for i in range(600):
         if test.add(record(i, ttft_ms=80.0 if i % 10 == 5 else 10.0)) != Decision.UNDECIDED:
             break
@@ -114,18 +115,18 @@ def test_a_level_fails_once_its_requests_span_the_fail_span_and_at_once_on_an_er
     span = FAIL_SPAN_S * 1000 / 100
     assert test.decision == Decision.FAIL and span <= test.requests <= span + 2
     assert test.tests["ttft_p99_ms"].low > 0.01
-    failing = level_test({"ttft_p99_ms": 50.0}, 600)
+    failing = level_test(parse_slo({"ttft_p99_ms": 50.0}), 600)
     assert failing.add(record(0, error="http_500: boom")) == Decision.FAIL
 
 
 def test_one_stall_of_a_busy_machine_fails_no_level():
     # 20 req/s for 40 s, every request due in 3 s of it over the bound (a stall): 7.5% over, in three windows
-    stalled = level_test({"ttft_p99_ms": 50.0}, 800, every_ms=50)
+    stalled = level_test(parse_slo({"ttft_p99_ms": 50.0}), 800, every_ms=50)
     for i in range(800):
         stalled.add(record(i, ttft_ms=900.0 if 300 <= i < 360 else 10.0, every_ms=50))
     assert stalled.finish() != Decision.PASS and stalled.decision == Decision.UNDECIDED
     # as many over, spread through the level, fail it
-    spread = level_test({"ttft_p99_ms": 50.0}, 800, every_ms=50)
+    spread = level_test(parse_slo({"ttft_p99_ms": 50.0}), 800, every_ms=50)
     for i in range(800):
         if spread.add(record(i, ttft_ms=900.0 if i % 13 == 0 else 10.0, every_ms=50)) != Decision.UNDECIDED:
             break
@@ -133,7 +134,7 @@ def test_one_stall_of_a_busy_machine_fails_no_level():
 
 
 def test_requests_count_in_send_order_so_a_slow_one_in_flight_holds_back_the_verdict():
-    test = level_test({"e2el_p99_ms": 100.0}, 400)
+    test = level_test(parse_slo({"e2el_p99_ms": 100.0}), 400)
     for i in [*range(5), *range(6, 346)]:  # request 5 (the slow one) has not finished yet
         test.add(record(i))
     assert test.decision == Decision.UNDECIDED and test.requests == 0  # nothing counts past it
@@ -142,14 +143,14 @@ def test_requests_count_in_send_order_so_a_slow_one_in_flight_holds_back_the_ver
 
 
 def test_the_warm_up_requests_are_not_counted():
-    test = level_test({"ttft_p99_ms": 50.0}, 300, first_index=8)
+    test = level_test(parse_slo({"ttft_p99_ms": 50.0}), 300, first_index=8)
     for i in range(8, 8 + 300):
         test.add(record(i))
     assert test.finish() == Decision.PASS and test.requests == 299 and test.skipped == 1
 
 
 def test_an_undecided_level_at_its_end_stays_undecided():
-    test = level_test({"ttft_p99_ms": 50.0}, 400)
+    test = level_test(parse_slo({"ttft_p99_ms": 50.0}), 400)
     for i in range(400):
         test.add(record(i, ttft_ms=80.0 if i in (7, 207) else 10.0))  # 2 of 400: under 1%, not even 1.25% shown
     assert test.finish() == Decision.UNDECIDED and test.tests["ttft_p99_ms"].high > HUGGING / 100
@@ -158,7 +159,7 @@ def test_an_undecided_level_at_its_end_stays_undecided():
 def hugging(n: int, over: set[int], window: int | None = None, longest: int | None = None) -> LevelTest:
     """A level of `n` requests 100 ms apart, those in `over` over a 50 ms TTFT bound, its window `window` requests
     long and extendable to `longest` (None: the whole level, one window), fed in send order and finished."""
-    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, due_ns=[k * 100 * MS for k in range(n)],
+    test = LevelTest(parse_slo({"ttft_p99_ms": 50.0}), first=40, due_ns=[k * 100 * MS for k in range(n)],
                      windows_ns=(window * 100 * MS, (longest or window) * 100 * MS) if window else None)
     for i in range(n):
         test.add(record(i, ttft_ms=80.0 if i in over else 10.0))
@@ -188,7 +189,7 @@ def queued(n: int, near: set[int], near_ms: float = 45.0, over: frozenset[int] =
            finish: bool = True) -> LevelTest:
     """A level of 4,000 requests 100 ms apart under a 50 ms TTFT bound, its window the first 1,000 and extendable to
     all: 10 ms, those in `near` `near_ms`, those in `over` 80 ms; the first `n` fed in send order (and finished)."""
-    test = LevelTest({"ttft_p99_ms": 50.0}, first=40, due_ns=[k * 100 * MS for k in range(4000)],
+    test = LevelTest(parse_slo({"ttft_p99_ms": 50.0}), first=40, due_ns=[k * 100 * MS for k in range(4000)],
                      windows_ns=(1000 * 100 * MS, 4000 * 100 * MS))
     for i in range(n):
         test.add(record(i, ttft_ms=80.0 if i in over else near_ms if i in near else 10.0))
@@ -230,7 +231,7 @@ def test_a_first_window_that_passes_but_has_not_shown_keeping_up_counts_on_where
         return [record(i, gaps_ms=[(40.0 + (4.875 * i if i < window else 0.0)) / 7] * 7) for i in range(n)]
 
     def level(keep_up: float | None) -> LevelTest:
-        test = LevelTest({"ttft_p99_ms": 1000.0}, first=40, due_ns=[k * 100 * MS for k in range(1600)],
+        test = LevelTest(parse_slo({"ttft_p99_ms": 1000.0}), first=40, due_ns=[k * 100 * MS for k in range(1600)],
                          windows_ns=(400 * 100 * MS, 1600 * 100 * MS), keep_up=keep_up)
         return fed(test, replies(1600))
 
@@ -278,7 +279,7 @@ def stepped(requests: int, every_ms: int, tokens: int, slow: tuple[float, float]
 
 def level(records: list[RequestRecord]) -> LevelTest:
     """A level's test of p99 ITL <= 40 ms fed these records as they finish."""
-    return fed(level_test({"itl_p99_ms": 40.0}, len(records)), records)
+    return fed(level_test(parse_slo({"itl_p99_ms": 40.0}), len(records)), records)
 
 
 def test_a_level_whose_gaps_over_come_in_one_episode_does_not_pass_on_its_quiet_rest():
@@ -300,11 +301,11 @@ def test_a_level_whose_gaps_over_come_in_one_episode_does_not_pass_on_its_quiet_
 
 
 def test_an_itl_slo_passes_only_when_enough_gaps_are_clear_and_fails_on_a_stall_pattern():
-    quiet = level_test({"itl_p99_ms": 30.0}, 100)
+    quiet = level_test(parse_slo({"itl_p99_ms": 30.0}), 100)
     for i in range(100):
         quiet.add(record(i))
     assert quiet.finish() == Decision.PASS and quiet.tests["itl_p99_ms"].counted == 99 * 7  # gaps, not requests
-    stalled = level_test({"itl_p99_ms": 30.0}, 400)
+    stalled = level_test(parse_slo({"itl_p99_ms": 30.0}), 400)
     for i in range(400):
         gaps = [5.0] * 6 + [60.0] if i % 4 == 0 else [5.0] * 7  # a stall in every fourth reply: 3.6% of gaps
         if stalled.add(record(i, gaps_ms=gaps)) != Decision.UNDECIDED:
@@ -319,7 +320,7 @@ def _metrics(**kw):
 
 
 def test_a_level_fails_unless_its_slos_are_met_and_the_server_keeps_up():
-    slo = {"tpot_p99_ms": 25.0}
+    slo = parse_slo({"tpot_p99_ms": 25.0})
     assert fail_reasons(_metrics(), slo) == []
     assert fail_reasons(_metrics(p99_tpot_ms=30.0), slo) == ["tpot_p99_ms 30.0 > 25"]
     # a server that falls behind: 26 req/s offered, 19.5 served, latency SLOs met while the queue fills
@@ -344,13 +345,13 @@ def test_a_level_passes_only_when_its_keeping_up_is_shown():
     assert keeping_up_unshown(0.96, 0.01) == (
         "keeping up not shown: completed 96% of arrivals, at least 94.4% within noise (needs 95%)")
     assert keeping_up_unshown(0.93, 0.04) is not None and fail_reasons(_metrics(keep_up_ratio=0.93, keep_up_se=0.04),
-                                                                        {"tpot_p99_ms": 25.0}) == []
+                                                                        parse_slo({"tpot_p99_ms": 25.0})) == []
     assert keeping_up_unshown(None, None) is None  # no steady part: fell_behind says it
 
 
 @pytest.mark.parametrize("ratio, verdict", [(0.99, "pass"), (0.96, "undecided"), (0.80, "fail")])
 def test_a_levels_verdict_waits_for_keeping_up_to_be_shown(ratio, verdict):
-    level = level_verdict(_metrics(keep_up_ratio=ratio, keep_up_se=0.01), {"tpot_p99_ms": 25.0}, None, None)
+    level = level_verdict(_metrics(keep_up_ratio=ratio, keep_up_se=0.01), parse_slo({"tpot_p99_ms": 25.0}), None, None)
     assert level.decision == verdict and level.tests == [] and level.rejected == 0
     assert any("keeping up not shown" in reason for reason in level.reasons) == (verdict == "undecided")
 
@@ -360,7 +361,7 @@ def test_with_statistical_tests_each_slo_is_judged_by_its_test_not_its_p99():
         return SloTest(slo="tpot_p99_ms", bound_ms=25.0, over=over, counted=300, requests=300, low=0.0,
                        high=0.02, decision=decision)
 
-    slo = {"tpot_p99_ms": 25.0}
+    slo = parse_slo({"tpot_p99_ms": 25.0})
     # a p99 over the bound by one request is not a failure when the count cannot show one
     assert fail_reasons(_metrics(p99_tpot_ms=30.0), slo, tests=[test("pass", 0)]) == []
     assert fail_reasons(_metrics(), slo, tests=[test("fail", 9)]) == [

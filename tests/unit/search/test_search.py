@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from servetune.engine.installed import InstalledVllm
 from servetune.errors import ServetuneError
-from servetune.measure.slo import parse_slo
+from servetune.measure.slo import E2EL, ITL, TPOT, TTFT, parse_slo
 from servetune.search.objective import RateSearch
 from servetune.search.space import NO_CHUNK_REASON, SearchSpace, batched_tokens_ladder, build_space
 from servetune.search.strategies import SeedStrategy, make_strategy
@@ -88,11 +88,33 @@ def test_constraint_chunked_prefill_off_needs_a_whole_request_per_batch():
 
 
 def test_slo_names_and_values_are_checked():
-    assert parse_slo({"ttft_p99_ms": 500}) == {"ttft_p99_ms": 500.0}
+    slos = parse_slo({"ttft_p99_ms": 500, "itl_p99_ms": 35.5})
+    assert [(s.latency, s.bound_ms) for s in slos] == [(TTFT, 500.0), (ITL, 35.5)]  # in the order given
+    assert slos.as_dict() == {"ttft_p99_ms": 500.0, "itl_p99_ms": 35.5} and str(slos) == (
+        "p99 TTFT <= 500 ms, p99 ITL <= 35.5 ms")
+    assert (slos.bound(ITL), slos.bound(TPOT), TTFT in slos, E2EL in slos) == (35.5, None, True, False)
     with pytest.raises(ServetuneError, match="unknown SLO ttft_ms"):
         parse_slo({"ttft_ms": 5})
-    with pytest.raises(ServetuneError, match="positive"):
-        parse_slo({"tpot_p99_ms": -1})
+    for bad in (-1, 0, True, "50"):
+        with pytest.raises(ServetuneError, match="SLO tpot_p99_ms must be a positive number of ms"):
+            parse_slo({"tpot_p99_ms": bad})
+
+
+def test_a_model_reads_its_slos_as_parsed_and_writes_them_as_given():
+    from pydantic import BaseModel, ValidationError
+
+    from servetune.measure.slo import Slos
+
+    class Plan(BaseModel):
+        slo: Slos
+
+    plan = Plan.model_validate_json('{"slo": {"itl_p99_ms": 35, "ttft_p99_ms": 1500}}')
+    assert plan.slo.bound(ITL) == 35.0 and plan.model_dump_json() == '{"slo":{"itl_p99_ms":35.0,"ttft_p99_ms":1500.0}}'
+    assert Plan(slo=plan.slo).slo is plan.slo
+    for bad, why in (({"ttft_ms": 5}, "unknown SLO ttft_ms"), ({"itl_p99_ms": 0}, "SLO itl_p99_ms must be a positive"),
+                     ([35], "SLOs are {name: ms}, not list")):
+        with pytest.raises(ValidationError, match=why):
+            Plan(slo=bad)
 
 
 def _run(search: RateSearch, true_rate: float) -> RateSearch:
@@ -324,7 +346,7 @@ def test_every_slo_names_a_metric_a_level_has():
 
     for each in LATENCIES:
         assert {each.p99_field, each.mean_field} <= set(LevelMetrics.model_fields)
-        assert latency(each.slo) is each and parse_slo({each.slo: 1}) == {each.slo: 1.0}
+        assert latency(each.slo) is each and parse_slo({each.slo: 1}).as_dict() == {each.slo: 1.0}
     assert [t.slo for t in LATENCIES if t.counts == "gaps"] == ["itl_p99_ms"]
     assert [t.slo for t in LATENCIES if t.prefill_bound] == ["tpot_p99_ms", "itl_p99_ms"]
 

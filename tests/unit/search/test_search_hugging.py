@@ -7,12 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from servetune.measure.slo import parse_slo
 from servetune.search.objective import RateSearch
 from servetune.study.outcome import LevelName, LevelOutcome
 from servetune.trial.run import margin
 from support.paths import FIXTURES
 
-ITL_SLO = {"itl_p99_ms": 40.0}
+ITL_SLO = parse_slo({"itl_p99_ms": 40.0})
 DECISIVE = 0.008  # a share of gaps over the bound whose level passes (its upper bound within 1.25%, as measured)
 
 

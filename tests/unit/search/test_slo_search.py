@@ -4,6 +4,7 @@ measured trials rule out (a prefill step longer than the p99 ITL SLO)."""
 import optuna
 import pytest
 
+from servetune.measure.slo import parse_slo
 from servetune.search.ruleout import prefill_cost, ruled_out
 from servetune.search.strategies import make_strategy
 from servetune.study.record import read_trial, write_trial
@@ -13,7 +14,7 @@ from support.search import FLAGS, SPACE, _tell
 
 def _ladder_walk(values: dict[int, float]) -> list[int]:
     """The chunk sizes the ladder launches when chunk c measures values[c] (missing: the launch fails)."""
-    strategy = make_strategy("optuna", SPACE, budget=10, seed=0, constrained=False, slo=("itl_p99_ms",))
+    strategy = make_strategy("optuna", SPACE, budget=10, seed=0, constrained=False, slo=parse_slo({"itl_p99_ms": 50}))
     study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
     walked = []
     for _ in range(10):
@@ -40,7 +41,7 @@ def test_the_ladder_climbs_from_the_anchor_and_does_not_come_back_down():
     from servetune.search.space import build_space
 
     space = build_space(InstalledVllm("0.24.0", "cuda", FLAGS), 8000)  # chunks 128 .. 4096
-    strategy = make_strategy("optuna", space, budget=10, seed=0, constrained=False, slo=("tpot_p99_ms",))
+    strategy = make_strategy("optuna", space, budget=10, seed=0, constrained=False, slo=parse_slo({"tpot_p99_ms": 50}))
     study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
     walked, values = [], {512: 4.0, 1024: 6.0, 2048: 7.0, 4096: 6.5, 256: 9.0}
     for _ in range(8):
@@ -58,7 +59,7 @@ def test_the_ladder_climbs_from_the_anchor_and_does_not_come_back_down():
 
 
 def test_without_a_latency_slo_the_warm_start_is_the_single_anchor():
-    strategy = make_strategy("optuna", SPACE, budget=6, seed=0, constrained=False, slo=("ttft_p99_ms",))
+    strategy = make_strategy("optuna", SPACE, budget=6, seed=0, constrained=False, slo=parse_slo({"ttft_p99_ms": 500}))
     study = optuna.create_study(direction="maximize", sampler=strategy.sampler())
     strategy.plan_next(study)
     assert [read_trial(t).role for t in study.trials] == ["anchor"]
@@ -90,7 +91,7 @@ def test_prefill_cost_is_the_least_lower_bound_of_any_trials_quiet_level():
 
 def test_a_prefill_step_longer_than_the_itl_slo_rules_a_config_out():
     cost = prefill_cost([(0, _outcome([(1.0, 0.1, 0.0)]))])  # 0.1 ms per prompt token, exactly
-    slo = {"itl_p99_ms": 50.0}
+    slo = parse_slo({"itl_p99_ms": 50.0})
     whole = {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
     # a typical 4000-token prompt prefilled whole: 400 ms > 50 ms
     assert "whole-prompt prefill step of ~4000 tokens takes at least ~400 ms" in ruled_out(whole, slo, cost, 4000)
@@ -103,6 +104,6 @@ def test_a_prefill_step_longer_than_the_itl_slo_rules_a_config_out():
     unsure = prefill_cost([(0, _outcome([(1.0, 0.1, 0.04)]))])
     assert ruled_out({"enable_chunked_prefill": True, "max_num_batched_tokens": 1024}, slo, unsure, 4000) is None
     # nothing is ruled out without an ITL SLO, without a measurement, or with vLLM's own chunk
-    assert ruled_out(whole, {"tpot_p99_ms": 50.0}, cost, 4000) is None
+    assert ruled_out(whole, parse_slo({"tpot_p99_ms": 50.0}), cost, 4000) is None
     assert ruled_out(whole, slo, None, 4000) is None
     assert ruled_out({"enable_chunked_prefill": True}, slo, cost, 4000) is None

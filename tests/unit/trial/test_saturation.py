@@ -6,6 +6,7 @@ import json
 import numpy as np
 
 from servetune.loadgen.records import RequestRecord
+from servetune.measure.slo import parse_slo
 from servetune.trial.run import saturation_check
 from support.paths import FIXTURES
 
@@ -41,7 +42,7 @@ def cut_at(records: list[RequestRecord], rate: float, schedule_s: float, look_s:
     cut the level (None: never), made `setup_s` before the level's first send (its verdict's boundaries computed,
     the server's prefix cache emptied)."""
     clock = FakeClock()
-    check = saturation_check({"ttft_p99_ms": 2000.0, "tpot_p99_ms": 150.0}, rate, schedule_s, clock)
+    check = saturation_check(parse_slo({"ttft_p99_ms": 2000.0, "tpot_p99_ms": 150.0}), rate, schedule_s, clock)
     origin = clock.now + setup_s
     ends = sorted(records, key=lambda r: r.end_ns)
     looks = sorted({*(r.end_ns / 1e9 for r in ends if r.end_ns / 1e9 <= schedule_s), *np.arange(0, schedule_s, look_s)})

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from servetune.measure.slo import parse_slo
 from servetune.measure.verdict import Decision
 from servetune.timelimit import Keep, LevelBudget
 from servetune.trial.hooks import Hooks
@@ -80,7 +81,7 @@ def test_a_level_whose_pass_would_need_the_head_to_head_leaves_it_its_time():
     Below the defaults' rate, and above their failure, the level may use the time up to the deadline."""
     keep = Keep(low=5.0, high=8.0, launch_s=30.0, requests=300, drain_s=5.0)  # 102.5 s at 6 req/s
     spec = WorkloadSpec.model_validate(WORKLOAD)
-    plan = TrialPlan("m", spec, {"ttft_p99_ms": 1000}, "goodput", [[RequestSpec("x", 32, 8)] * 50],
+    plan = TrialPlan("m", spec, parse_slo({"ttft_p99_ms": 1000}), "goodput", [[RequestSpec("x", 32, 8)] * 50],
                      LevelOptions(requests=300, min_requests=10))
     trial = Levels(plan, SimpleNamespace(alive=lambda: True), None, LevelBudget(deadline=time.time() + 150, keep=keep),
                    time, Hooks())
@@ -101,7 +102,8 @@ def test_the_head_to_head_level_fits_the_time_kept_for_it(tiny_model, tmp_path):
     pick = Latency(p99_s=0.6, mean_s=0.3)
     spec = WorkloadSpec.model_validate(WORKLOAD)
     tokenizer = load_tokenizer(str(tiny_model))
-    plan = TrialPlan(str(tiny_model), spec, {"itl_p99_ms": 40.0}, "goodput", [build_requests(spec, tokenizer, seed=0)],
+    plan = TrialPlan(str(tiny_model), spec, parse_slo({"itl_p99_ms": 40.0}), "goodput",
+                     [build_requests(spec, tokenizer, seed=0)],
                      LevelOptions(requests=400, min_requests=100, warmup_requests=8))
     keep = Keep(low=0.0, high=math.inf, launch_s=launch_s, requests=least_requests(plan, 0.0),
                 drain_s=pick.overhead_s, min_window_s=MIN_WINDOW_S)
@@ -117,7 +119,7 @@ def test_the_level_window_sets_the_fewest_requests_a_level_counts():
     """--level-window: at 10 req/s a level counts at least a minute of requests under a 60-s window, and what its
     verdict needs (299 requests at 95%, none over a TTFT bound) under a 5-s one."""
     spec = WorkloadSpec.model_validate(WORKLOAD)
-    plan = TrialPlan("m", spec, {"ttft_p99_ms": 1000}, "goodput", [[RequestSpec("x", 32, 8)] * 50],
+    plan = TrialPlan("m", spec, parse_slo({"ttft_p99_ms": 1000}), "goodput", [[RequestSpec("x", 32, 8)] * 50],
                      LevelOptions(requests=300, min_requests=10, window_s=60.0))
     assert least_requests(plan, 10.0) == 600
     assert least_requests(replace(plan, levels=LevelOptions(requests=300, min_requests=10, window_s=5.0)), 10.0) == 299

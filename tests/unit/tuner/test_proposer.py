@@ -5,6 +5,7 @@ from optuna.trial import TrialState
 
 from servetune.engine.memory import Device, GiB, ModelShape
 from servetune.executors import Job
+from servetune.measure.slo import parse_slo
 from servetune.search.feasibility import MemoryCheck
 from servetune.search.space import SearchSpace
 from servetune.search.strategies import make_strategy
@@ -21,9 +22,9 @@ WORKLOAD = WorkloadSpec.model_validate({"num_requests": 5, "input_len": {"type":
 
 
 def proposer(tmp_path, slo=None, misfit=lambda job: None, strategy="grid", space=SPACE, memory=None) -> Proposer:
-    opts = TuneOptions(model="m", workload=WORKLOAD, out=tmp_path, slo=slo or {"ttft_p99_ms": 500.0},
+    opts = TuneOptions(model="m", workload=WORKLOAD, out=tmp_path, slo=slo or parse_slo({"ttft_p99_ms": 500.0}),
                        strategy=strategy, engine_args={"enforce_eager": False}, confirm=False)
-    chosen = make_strategy(strategy, space, budget=6, seed=0, constrained=False, slo=tuple(opts.slo))
+    chosen = make_strategy(strategy, space, budget=6, seed=0, constrained=False, slo=opts.slo)
     study = optuna.create_study(direction="maximize", sampler=chosen.sampler())
     record = StudyRecord(study)
     record.enqueue({}, TrialRecord(role="default", planned={}))
@@ -108,7 +109,7 @@ def test_a_config_the_executor_cannot_place_is_skipped_with_its_reason(tmp_path)
 
 
 def test_under_an_itl_slo_a_whole_prompt_prefill_the_study_measured_too_slow_is_ruled_out(tmp_path):
-    p = proposer(tmp_path, slo={"itl_p99_ms": 50.0})
+    p = proposer(tmp_path, slo=parse_slo({"itl_p99_ms": 50.0}))
     finish(p, p.next())  # TTFT grew 0.1 ms per prompt token
     p.study.enqueue_trial(PINNED | {"enable_chunked_prefill": False, "max_num_batched_tokens": 4032})
     skip = p.next()

@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 
 from servetune.engine.logfacts import StartupFacts
 from servetune.executors import Job, WorkerError, WorkerLost
+from servetune.measure.slo import parse_slo
 from servetune.study.record import StudyRecord
 from servetune.study.storage import STUDY_NAME
 from servetune.testing.installed import VLLM_CPU
@@ -70,7 +71,7 @@ def options(model, tmp_path, storage: str, budget: int) -> TuneOptions:
     workload = WorkloadSpec.model_validate({"num_requests": 20, "input_len": {"type": "fixed", "value": 32},
                                             "output_len": {"type": "fixed", "value": 8}})
     # a TTFT SLO: the warm start is the single anchor (a TPOT/ITL SLO starts the chunk ladder instead)
-    return TuneOptions(model=str(model), workload=workload, out=tmp_path / "out", slo={"ttft_p99_ms": 500},
+    return TuneOptions(model=str(model), workload=workload, out=tmp_path / "out", slo=parse_slo({"ttft_p99_ms": 500}),
                        strategy="optuna", budget=budget, storage=storage,
                        levels=LevelOptions(requests=20, max_levels=1), parallel=2,
                        confirm=False)  # the search loop alone (tests/unit/tuner/test_confirm.py: the head-to-head)

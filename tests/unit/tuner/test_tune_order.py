@@ -7,6 +7,7 @@ import pytest
 
 from servetune.errors import ServetuneError
 from servetune.executors import Job
+from servetune.measure.slo import parse_slo
 from servetune.study.outcome import Failure, TrialOutcome
 from servetune.study.storage import StudyError
 from servetune.testing.installed import VLLM_CPU
@@ -33,7 +34,8 @@ class NeverProbed:
 
 def options(model, tmp_path, **kw) -> TuneOptions:
     return TuneOptions(model=str(model), workload=WorkloadSpec.model_validate(kw.pop("workload", WORKLOAD)),
-                       out=tmp_path / "out", slo={"ttft_p99_ms": 500}, levels=LevelOptions(requests=20, max_levels=1),
+                       out=tmp_path / "out", slo=parse_slo({"ttft_p99_ms": 500}),
+                       levels=LevelOptions(requests=20, max_levels=1),
                        confirm=False, **kw)
 
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from servetune.executors import WorkerError, WorkerLost
+from servetune.measure.slo import parse_slo
 from servetune.study.storage import StudyError, StudyLock, default_storage
 from servetune.testing.simengine import SimClock
 from servetune.timelimit import GUESS_CAPACITY_S, GUESS_LAUNCH_S, STOP_S, Keep, LevelBudget, TimePlan, parse_duration
@@ -21,7 +22,8 @@ from support.workloads import WORKLOAD
 
 def options(model, tmp_path, **kw) -> TuneOptions:
     return TuneOptions(model=str(model), workload=WorkloadSpec.model_validate(WORKLOAD), out=tmp_path / "out",
-                       slo={"tpot_p99_ms": 25}, strategy="grid", levels=LevelOptions(requests=20, max_levels=1), **kw)
+                       slo=parse_slo({"tpot_p99_ms": 25}), strategy="grid",
+                       levels=LevelOptions(requests=20, max_levels=1), **kw)
 
 
 def summary_of(tmp_path) -> dict:

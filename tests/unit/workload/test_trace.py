@@ -8,6 +8,7 @@ import pytest
 
 from servetune.loadgen import LoadShape, Target, run_load_sync
 from servetune.loadgen.arrival import replay_ns
+from servetune.measure.slo import parse_slo
 from servetune.trial.run import LevelOptions, TrialPlan, requests_per_s
 from servetune.workload import RateUnit, WorkloadSpec, build_requests, load_workload
 from servetune.workload.spec import WorkloadError
@@ -144,7 +145,7 @@ def test_a_trials_levels_are_speed_ups(tmp_path, tokenizer):
     path = tmp_path / "t.csv"
     path.write_text("timestamp,input_tokens,output_tokens\n" + "".join(f"{t / 4},5,1\n" for t in range(401)))
     sets = [build_requests(trace_spec(path, num_requests=401), tokenizer)]  # 4 req/s as recorded
-    plan = TrialPlan("m", trace_spec(path), {"ttft_p99_ms": 1}, "goodput", sets, LevelOptions())
+    plan = TrialPlan("m", trace_spec(path), parse_slo({"ttft_p99_ms": 1}), "goodput", sets, LevelOptions())
     assert trace_rate(sets[0]) == 4.0 and requests_per_s(plan, 2.5) == 10.0
 
 
