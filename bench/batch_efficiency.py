@@ -23,6 +23,7 @@ from pathlib import Path
 from servetune.engine.installed import InstalledVllm
 from servetune.executors import Job
 from servetune.measure.metrics import LevelMetrics
+from servetune.measure.slo import parse_slo
 from servetune.search.space import build_space
 from servetune.study.outcome import LevelOutcome, TrialOutcome
 from servetune.trial.run import LevelOptions
@@ -97,8 +98,9 @@ def main() -> None:
         shares = []
         for seed in range(args.seeds):
             with tempfile.TemporaryDirectory() as out:
-                opts = TuneOptions(model=args.model, workload=WORKLOAD, out=Path(out), slo={"tpot_p99_ms": 50},
-                                   budget=args.budget, levels=LevelOptions(requests=20, max_levels=1), seed=seed)
+                opts = TuneOptions(model=args.model, workload=WORKLOAD, out=Path(out),
+                                   slo=parse_slo({"tpot_p99_ms": 50}), budget=args.budget,
+                                   levels=LevelOptions(requests=20, max_levels=1), seed=seed)
                 summary = tune(opts, executor=Simulated(batch, seed))
             shares.append(landscape(summary.best.config) / top)
         se = statistics.stdev(shares) / math.sqrt(len(shares))

@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.model = str(Path(args.model).resolve())
-    args.slo = parse_slo({k: float(v) for k, v in (s.split("=", 1) for s in args.slo)})
+    args.slo = parse_slo({k: float(v) for k, v in (s.split("=", 1) for s in args.slo)}).as_dict()  # checked
     args.config = read_config_yaml(args.config) if args.config else {}
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
