@@ -15,7 +15,7 @@ the head-to-head. The plan keeps these rules:
 - Another trial is launched while a launch and its first deciding level still fit. Every trial gets its first
   verdict; after it, a trial goes on only while every trial left in the budget keeps that room and a deciding level
   as long as the one it would start (a later trial's search runs at like rates), and one after which no other would
-  fit uses what is left to sharpen its own rate (`LevelBudget.refines`). vLLM's defaults come first and are searched
+  fit uses what is left to sharpen its own rate (`TrialTime.refines`). vLLM's defaults come first and are searched
   until they hold a rate, then keep that room for one trial only: every answer is measured against their rate.
 - The head-to-head's time is kept only once a candidate has passed where it would be needed (`Keep`): at or
   above the defaults' goodput bracket, below every rate their own search failed at.
@@ -92,9 +92,16 @@ class Keep:
 
 
 @dataclass(frozen=True)
-class LevelBudget:
-    """What one trial may spend, set by the tuner's plan (`TimePlan.budget`) when the trial is submitted; the
-    trial asks it before every level (`requests`)."""
+class NotStarted:
+    """Why a level is not started (`TrialTime.level_size`)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class TrialTime:
+    """The time one trial may spend, set by the tune's plan (`TimePlan.trial_time`) when the trial is submitted; the
+    trial asks it before every level (`level_size`)."""
 
     deadline: float  # epoch s: the tune's deadline, less the head-to-head's time where that is kept already
     level_s: float | None = None  # the longest a level should run (its cap shrinks to it, never below `least`)
@@ -112,30 +119,30 @@ class LevelBudget:
             return self.deadline
         return self.deadline - self.keep.seconds(best * per_s)
 
-    def requests(self, now: float, end: float, rate_per_s: float, cap: int, least: int, drain_s: float,
-                 decided: bool = False) -> "int | str":
+    def level_size(self, now: float, end: float, rate_per_s: float, cap: int, least: int, drain_s: float,
+                   decided: bool = False) -> "int | NotStarted":
         """The requests a level at `rate_per_s` req/s sends: `cap`, held to `level_s` and to what fits before `end`
         with `drain_s` for its last replies, and in a trial that has `decided` a level already, to what leaves each
-        later trial of the budget room for a launch, its first level and a deciding level as long as this one. Why
-        it is not started, when fewer than `least` (what its verdict needs) fit, or when `least` takes longer than
-        `share_s` while another trial would use the time (vLLM's defaults: only once they decided a level, so that
-        candidates are measured against something)."""
+        later trial of the budget room for a launch, its first level and a deciding level as long as this one.
+        `NotStarted` saying why, when fewer than `least` (what its verdict needs) fit, or when `least` takes longer
+        than `share_s` while another trial would use the time (vLLM's defaults: only once they decided a level, so
+        that candidates are measured against something)."""
         need = least / rate_per_s + drain_s
         share_s = self.share_s if decided or not self.baseline else None
         if share_s is not None and need > share_s and not self.refines(now, end):
-            return f"more than a trial's share of the limit ({duration(share_s)})"
+            return NotStarted(f"more than a trial's share of the limit ({duration(share_s)})")
         n = cap
         if self.level_s is not None:
             n = min(n, max(least, math.ceil(rate_per_s * self.level_s)))
         n = min(n, math.floor((end - now - drain_s - STOP_S) * rate_per_s))
         if n < least:
-            return f"more than the {duration(max(0.0, end - now))} left"
+            return NotStarted(f"more than the {duration(max(0.0, end - now))} left")
         each = self.next_trial_s + need  # a later trial's launch, its first level and a level like this one
         later = min(self.after, math.floor((end - now) / each)) if self.next_trial_s > 0 else 0
         if decided and later > 0:
             n = min(n, math.floor((end - now - later * each - drain_s - STOP_S) * rate_per_s))
             if n < least:
-                return f"going on would leave the {later} trials left less than they need"
+                return NotStarted(f"going on would leave the {later} trials left less than they need")
         return n
 
     def refines(self, now: float, end: float) -> bool:
@@ -198,16 +205,16 @@ class TimePlan:
         """Whether another trial fits before the deadline, with `reserve_s` kept for the head-to-head."""
         return self.remaining() - reserve_s >= self.trial_s(first_level_s)
 
-    def budget(self, *, reserve_s: float, keep: Keep | None, next_trial_s: float, after: int,
-               baseline: bool) -> LevelBudget | None:
-        """The budget of a trial submitted now (None without a limit); its deciding levels are held to a trial's share
+    def trial_time(self, *, reserve_s: float, keep: Keep | None, next_trial_s: float, after: int,
+                   baseline: bool) -> TrialTime | None:
+        """The time of a trial submitted now (None without a limit); its deciding levels are held to a trial's share
         of the limit (vLLM's defaults, the `baseline`, once they hold a rate). The baseline keeps room for one trial
         after it, not for every one the budget holds: every answer is measured against the rate it holds, so that
         rate is searched to its end first, and the candidates get the time that is left."""
         if self.deadline is None:
             return None
         assert self.level_s is not None  # a deadline comes with its limit
-        return LevelBudget(deadline=self.deadline - reserve_s, level_s=self.level_s,
+        return TrialTime(deadline=self.deadline - reserve_s, level_s=self.level_s,
                            share_s=LEVELS_PER_TRIAL * self.level_s, baseline=baseline, keep=keep,
                            next_trial_s=next_trial_s, after=min(after, 1) if baseline else after)
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from servetune.measure.slo import parse_slo
-from servetune.timelimit import LevelBudget
+from servetune.timelimit import TrialTime
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions, Levels, Race, TrialPlan
 from servetune.trial.server import VllmServer
@@ -29,17 +29,17 @@ def _plan(model) -> TrialPlan:
 def test_a_search_with_room_ends_by_itself_and_one_without_it_does_not_start_a_level(vllm_server, tiny_model, tmp_path):
     plan, server = _plan(tiny_model), VllmServer(vllm_server, "completions")
     room = {"next_trial_s": 60.0, "after": 2}  # trials after this one: it does not sharpen its rate past its search
-    trial = Levels(plan, server, tmp_path, LevelBudget(deadline=time.time() + 600, **room), time, Hooks())
+    trial = Levels(plan, server, tmp_path, TrialTime(deadline=time.time() + 600, **room), time, Hooks())
     search = trial.measure()
     assert trial.cut is None and search.next_rate() is None  # every level the search wanted, then nothing more
     assert [lv.name for lv in trial.levels] == ["capacity", "search", "search"]
     assert not any(lv.stopped == "time limit" for lv in trial.levels)
 
-    late = Levels(plan, server, tmp_path, LevelBudget(deadline=time.time() + 1, **room), time, Hooks())
+    late = Levels(plan, server, tmp_path, TrialTime(deadline=time.time() + 1, **room), time, Hooks())
     late.measure()  # the capacity level starts (nothing is known yet); no search level fits after it
     assert [lv.name for lv in late.levels] == ["capacity"]
     assert late.cut is not None and late.cut.startswith("time limit: a search level at")
-    raced = Levels(replace(plan, race=Race(1.0)), server, tmp_path, LevelBudget(deadline=time.time() + 600, **room),
+    raced = Levels(replace(plan, race=Race(1.0)), server, tmp_path, TrialTime(deadline=time.time() + 600, **room),
                    time, Hooks())
     raced.measure()  # a candidate: its capacity (every batch shape warm), then the best rate measured so far
     assert [(lv.name, lv.rate) for lv in raced.levels[:2]] == [("capacity", math.inf), ("race", 1.0)]

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from servetune.engine import InstalledVllm
 from servetune.study.outcome import TrialOutcome
-from servetune.timelimit import LevelBudget
+from servetune.timelimit import TrialTime
 from servetune.trial.run import TrialPlan, run_trial
 
 
@@ -20,7 +20,7 @@ class Job:
     config: dict[str, Any]
     plan: TrialPlan
     out_dir: Path
-    budget: LevelBudget | None = None  # the time it may spend (None: no time limit)
+    trial_time: TrialTime | None = None  # the time it may spend (None: no time limit)
 
     @property
     def devices(self) -> int:
@@ -40,7 +40,7 @@ def run_job(job: Job) -> TrialOutcome:
     """A worker's whole task: the trial's outcome (its paths relative to `job.out_dir`). Every executor
     takes another `work` in its place: the contract suite (`servetune.testing.executors`) runs stand-ins that
     return, raise or die."""
-    return run_trial(job.plan, job.config, job.out_dir, budget=job.budget)
+    return run_trial(job.plan, job.config, job.out_dir, trial_time=job.trial_time)
 
 
 class Executor(Protocol):

@@ -21,7 +21,7 @@ class Inline:
         self.work = work or self._run_trial
 
     def _run_trial(self, job: Job) -> TrialOutcome:
-        return run_trial(job.plan, job.config, job.out_dir, budget=job.budget, hooks=self.hooks)
+        return run_trial(job.plan, job.config, job.out_dir, trial_time=job.trial_time, hooks=self.hooks)
 
     def probe(self) -> InstalledVllm:
         return probe()

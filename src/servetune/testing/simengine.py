@@ -318,7 +318,7 @@ class SimExecutor:
 
     def submit(self, job: Job) -> Future[TrialOutcome]:
         future: Future[TrialOutcome] = Future()
-        future.set_result(run_trial(job.plan, job.config, job.out_dir, budget=job.budget,
+        future.set_result(run_trial(job.plan, job.config, job.out_dir, trial_time=job.trial_time,
                                     launch=self._launch, clock=self.clock))
         return future
 

@@ -15,7 +15,7 @@ window whose requests its verdict counts (`servetune.measure.verdict`) and over 
 (`servetune.measure.steady`), and a tail under the same load while the window's last replies finish; it ends
 when every request of its window has finished, or its verdict failed. The window holds `requests` requests (at
 least what a pass rests on and `LevelOptions.window_s`, more where the keep-up test needs a longer one), cut to what the
-trial's budget (`timelimit.LevelBudget`) affords; a level that could not reach a verdict before the budget's end is
+trial's time (`timelimit.TrialTime`) affords; a level that could not reach a verdict before the trial's end is
 not started. A trial that fails (OOM, bad config, a server that dies, a workload the config rejects) returns an
 outcome that says so; it never raises for the engine's sake.
 """
@@ -47,7 +47,7 @@ from servetune.measure.verdict import (
 )
 from servetune.search.objective import RateSearch
 from servetune.study.outcome import Failure, LevelName, LevelOutcome, TrialOutcome, TrialStatus, headline_level
-from servetune.timelimit import Clock, LevelBudget, duration
+from servetune.timelimit import Clock, NotStarted, TrialTime, duration
 from servetune.trial.hooks import Hooks
 from servetune.trial.server import Server, VllmServer
 from servetune.workload import RequestSpec, WorkloadSpec
@@ -299,30 +299,30 @@ def run_trial(
     engine_args: dict[str, Any],
     out_dir: Path,
     *,
-    budget: LevelBudget | None = None,
+    trial_time: TrialTime | None = None,
     hooks: Hooks = Hooks(),
     launch: Launcher = vllm_server,
     clock: Clock = time,
 ) -> TrialOutcome:
-    """Launch, measure, stop. The outcome's paths are relative to `out_dir`. The launch may run until the budget's
-    deadline; each level is sized by the budget, and the trial ends with what it measured (`cut_short`) when the
-    next level could not reach a verdict in time."""
+    """Launch, measure, stop. The outcome's paths are relative to `out_dir`. The launch may run until the trial's
+    deadline (`trial_time`); each level is sized by its time, and the trial ends with what it measured (`cut_short`)
+    when the next level could not reach a verdict in time."""
     out_dir.mkdir(parents=True, exist_ok=True)
     started = clock.time()
     startup_timeout_s = plan.levels.startup_timeout_s
-    if budget is not None:
-        startup_timeout_s = max(1.0, min(startup_timeout_s, budget.deadline - started))
+    if trial_time is not None:
+        startup_timeout_s = max(1.0, min(startup_timeout_s, trial_time.deadline - started))
     server = launch(plan, engine_args, out_dir / "server.log", startup_timeout_s)
     unit = plan.workload.rate_unit
     try:
         startup = server.start()
     except EngineFailed as e:
-        late = budget is not None and clock.time() >= budget.deadline
+        late = trial_time is not None and clock.time() >= trial_time.deadline
         failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=server.log_path.name)
         cut = "time limit: the launch did not finish before the deadline" if late else None
         return TrialOutcome.failed(server.engine_args, failure, rate_unit=unit, wall_s=clock.time() - started,
                                    cut_short=cut)
-    trial = Levels(plan, server, out_dir, budget, clock, hooks)
+    trial = Levels(plan, server, out_dir, trial_time, clock, hooks)
     search = None
     try:
         refusal = server.preflight([r for s in plan.level_sets for r in s])
@@ -347,12 +347,12 @@ def run_trial(
 
 
 class Levels:
-    """The load levels of one trial, in order: each sized by the budget, sent, decided and kept (`levels`). `cut`
+    """The load levels of one trial, in order: each sized by the trial's time, sent, decided and kept (`levels`). `cut`
     says why the time limit left a level of the plan unmeasured (None: it did not)."""
 
-    def __init__(self, plan: TrialPlan, server: Server, out_dir: Path, budget: LevelBudget | None, clock: Clock,
+    def __init__(self, plan: TrialPlan, server: Server, out_dir: Path, trial_time: TrialTime | None, clock: Clock,
                  hooks: Hooks):
-        self.plan, self.server, self.out_dir, self.budget, self.clock = plan, server, out_dir, budget, clock
+        self.plan, self.server, self.out_dir, self.trial_time, self.clock = plan, server, out_dir, trial_time, clock
         self.hooks = hooks  # told each level as it starts and each request as it finishes
         self.levels: list[LevelOutcome] = []
         self.cut: str | None = None
@@ -391,8 +391,8 @@ class Levels:
     def _race(self, race: Race) -> RateSearch | None:
         """A candidate: its capacity first (as for the defaults and every searched trial), then the best rate
         measured so far (once more after an `early_narrow_fail`); a pass there is measured next at the rate that
-        would beat it (a level the budget starts even where it would not let the trial sharpen a rate it holds), and
-        only a pass there is searched on upward."""
+        would beat it (a level the trial's time starts even where it would not let the trial sharpen a rate it
+        holds), and only a pass there is searched on upward."""
         first = self.run(LevelName.RACE, race.rate)
         if first is not None and early_narrow_fail(first):
             first = self.run(LevelName.RACE, race.rate) or first  # once more, on fresh prompts, where it fits
@@ -416,7 +416,7 @@ class Levels:
         """The rate search's levels while the server lives and they fit; a trial no other would follow refines."""
         while self.server.alive():
             rate = search.next_rate()
-            if rate is None and self.budget is not None and self.budget.refines(self.clock.time(), self.end()):
+            if rate is None and self.trial_time is not None and self.trial_time.refines(self.clock.time(), self.end()):
                 rate = search.refine()  # no other trial would use the time left: sharpen this one's rate
             if rate is None:
                 break
@@ -427,13 +427,13 @@ class Levels:
         return search
 
     def end(self, rate: float | None = None) -> float:
-        """When this trial's levels must be done (`LevelBudget.end`; inf without a budget); with the `rate` of the
+        """When this trial's levels must be done (`TrialTime.end`; inf without a time limit); with the `rate` of the
         level about to start counted as passed: a level whose pass would make the head-to-head needed leaves it its
         time (a candidate that beats the defaults with the head-to-head's time spent wins nothing it can show)."""
-        if self.budget is None:
+        if self.trial_time is None:
             return math.inf
         passed = [lv.rate for lv in self.levels if lv.passed and math.isfinite(lv.rate)]
-        return self.budget.end(passed + ([rate] if rate is not None else []), requests_per_s(self.plan, 1.0))
+        return self.trial_time.end(passed + ([rate] if rate is not None else []), requests_per_s(self.plan, 1.0))
 
     def latency(self) -> Latency:
         """What the next level's requests take end to end (`Latency`): as the last level at a finite rate measured
@@ -470,7 +470,7 @@ class Levels:
     def run(self, name: LevelName, rate: float, warmup: int = 0, seed: int | None = None,
             decisive: bool = False) -> LevelOutcome | None:
         """Send one level and keep its outcome; None (and `cut` set) when it could not reach a verdict before the
-        budget's end. A `decisive` level is sized as if the trial had decided no level yet (`LevelBudget.requests`)."""
+        trial's end. A `decisive` level is sized as if the trial had decided no level yet (`TrialTime.level_size`)."""
         index = len(self.levels)
         seed = index if seed is None else seed
         requests = self.pool(index)
@@ -493,7 +493,7 @@ class Levels:
                         rate, self.plan.workload.burstiness, seed)[0]
         if self.plan.workload.sessions:  # turns are due with their session: the window counts whole sessions
             due = _turns_due(timed, due)
-        deadline = self.budget.deadline if self.budget is not None else None
+        deadline = self.trial_time.deadline if self.trial_time is not None else None
         for attempt in range(2):  # a level the client could not send on time is sent once more  # noqa: B007
             self.hooks.level_started(name, rate, scheduled + warmup)
             test = (LevelTest(self.plan.slo, first=min(self.plan.levels.min_requests, sized[0]), due_ns=due,
@@ -515,40 +515,40 @@ class Levels:
     def _window_requests(self, name: LevelName, rate: float, per_s: float, e2e: Latency,
                          decisive: bool) -> tuple[int, int] | None:
         """The requests level `name` at `rate` counts in its window and in its window extended (`LevelTest`; as
-        many where it cannot be), as the budget affords them (`LevelBudget.requests`); None and `cut` set when it
+        many where it cannot be), as the trial's time affords them (`TrialTime.level_size`); None and `cut` set when it
         leaves too few to decide."""
         plan = self.plan
         least = least_requests(plan, per_s)
         near = not self.capacity or rate >= NEAR_CAPACITY * self.capacity  # where keeping up may decide the level
         keep_up_s = keep_up_window_s(per_s, e2e.mean_s, plan.workload.burstiness) if near else 0.0
         n = max(plan.levels.requests, least, math.ceil(per_s * min(KEEP_UP_WINDOW_MAX_S, keep_up_s)))
-        if self.budget is None:
+        if self.trial_time is None:
             return n, EXTEND * n
         finite = [lv for lv in self.levels if math.isfinite(lv.rate)]
-        if self.budget.baseline:  # vLLM's defaults: every answer is measured against the rate they hold
+        if self.trial_time.baseline:  # vLLM's defaults: every answer is measured against the rate they hold
             decided = not decisive and any(lv.passed for lv in finite)
         else:
             decided = not decisive and any(lv.verdict != Decision.UNDECIDED for lv in finite)
         now, end = self.clock.time(), self.end(rate)
-        sized = self.budget.requests(now, end, per_s, n, least, e2e.overhead_s, decided=decided)
-        if isinstance(sized, str):
+        sized = self.trial_time.level_size(now, end, per_s, n, least, e2e.overhead_s, decided=decided)
+        if isinstance(sized, NotStarted):
             self.cut = (f"time limit: a {name} level at {rate:.2f} {plan.workload.rate_unit} needs {least} "
-                        f"requests (~{duration(least / per_s + e2e.overhead_s)}), {sized}")
+                        f"requests (~{duration(least / per_s + e2e.overhead_s)}), {sized.why}")
             self.needed_s = least / per_s + e2e.overhead_s
             return None
-        longest = self.budget.requests(now, end, per_s, EXTEND * sized, least, e2e.overhead_s, decided=decided)
+        longest = self.trial_time.level_size(now, end, per_s, EXTEND * sized, least, e2e.overhead_s, decided=decided)
         return sized, longest if isinstance(longest, int) else sized
 
     def _capacity(self, requests: list[RequestSpec], warmup: int, seed: int) -> LevelOutcome | None:
         """The capacity level: a closed loop of CAPACITY_CONCURRENCY requests in flight (`capacity`)."""
-        if self.budget is not None and self.clock.time() >= self.end():
+        if self.trial_time is not None and self.clock.time() >= self.end():
             self.cut, self.needed_s = "time limit: no time left for the capacity level", CAPACITY_S
             return None
         seqs = int(self.server.engine_args.get("max_num_seqs") or CAPACITY_CONCURRENCY)
         concurrency = max(1, min(seqs, (len(requests) - warmup) // 2))
         box = CapacityBox(max(1, min(CAPACITY_OPENS, concurrency // 4)))
         self.hooks.level_started(LevelName.CAPACITY, math.inf, len(requests))
-        stop = LevelStop(None, None, self.budget.deadline if self.budget is not None else None, box, self.clock)
+        stop = LevelStop(None, None, self.trial_time.deadline if self.trial_time is not None else None, box, self.clock)
         result = self._send(requests, math.inf, warmup, seed, stop, concurrency)
         timed = [r for r in result.load.records if not r.warmup]
         decode = [(e2el_ms(r) - ttft_ms(r)) / 1000 for r in timed if r.ok and r.chunk_ns]

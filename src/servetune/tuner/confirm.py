@@ -22,7 +22,7 @@ from servetune.measure.verdict import Decision
 from servetune.study.outcome import LevelOutcome, TrialOutcome
 from servetune.study.record import HeadToHead, HeadToHeadMethod, HeadToHeadVerdict, LevelRecord, Role
 from servetune.study.results import TrialRow
-from servetune.timelimit import LevelBudget
+from servetune.timelimit import TrialTime
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import Latency, TrialPlan
 from servetune.tuner.dispatch import Dispatch
@@ -42,11 +42,11 @@ def candidates_of(rows: list[TrialRow], default: TrialRow | None,
 
 
 def head_to_head_job(default: TrialRow, rate: float, plan: TrialPlan, level_set: list, out: Path,
-                     budget: LevelBudget | None, latency: Latency) -> Job:
+                     trial_time: TrialTime | None, latency: Latency) -> Job:
     """The defaults at `rate`: one level with a fresh prompt set (`level_set`, warm-up requests included), its fill
     and tail sized on `latency` (the pick's at that rate)."""
     plan = replace(plan, level_sets=[level_set], fixed_levels=[(rate, HEAD_TO_HEAD_SEED)], latency=latency)
-    return Job(default.trial, default.config, plan, out / "confirm" / "default", budget)
+    return Job(default.trial, default.config, plan, out / "confirm" / "default", trial_time)
 
 
 def level_record(level: LevelOutcome, trial: int | None = None) -> LevelRecord:

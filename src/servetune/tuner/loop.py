@@ -150,7 +150,7 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
     several trials run at once (see `servetune.executors`); an `executor` given here is used instead of the one
     those options make. On KeyboardInterrupt (SIGINT, or SIGTERM as `Interrupted`), or an OSError (a trial's files
     on a disk that filled up), the outputs are written with state `interrupted` and the exception goes on."""
-    clock = TimePlan(opts.time_limit_s, budget_trials=opts.budget, clock=runtime.clock)
+    started = runtime.clock.time()  # the time limit counts from here
     lock = _lock(opts)
     tuner = executor_made = None
     try:
@@ -159,8 +159,10 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
         more = MorePrompts(opts.workload, str(opts.tokenizer or opts.model), seed=opts.workload.seed + 2000,
                            longest=max(r.min_model_len for s in sets for r in s), build=runtime.build_requests)
         proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage, more)
-        clock.device = proposer.vllm.kind
-        tuner = Tuner(proposer=proposer, running=Dispatch(executor), hooks=hooks, clock=clock, runtime=runtime)
+        time_plan = TimePlan(opts.time_limit_s, device=proposer.vllm.kind, budget_trials=opts.budget,
+                             clock=runtime.clock, started=started)
+        tuner = Tuner(proposer=proposer, running=Dispatch(executor), hooks=hooks, time_plan=time_plan,
+                      runtime=runtime)
         tuner.publish(TuneState.RUNNING)
         while True:
             out_of_time = tuner.search()
@@ -362,7 +364,7 @@ class Tuner:
     proposer: Proposer
     running: Dispatch  # the trials in flight on the executor
     hooks: Hooks
-    clock: TimePlan
+    time_plan: TimePlan  # the time limit: what still fits
     runtime: Runtime = Runtime()
     not_done: list[NotDone] = field(default_factory=list)  # what the time limit (or a stop) left undone
     unlaunched: int = 0  # trials of the budget the time limit left unlaunched
@@ -372,12 +374,12 @@ class Tuner:
         returns the summary."""
         record, opts = self.proposer.record, self.proposer.opts
         # the least another trial needed, where the time limit left trials of the budget unlaunched
-        next_trial_s = (round(self.clock.trial_s(self.next_trial().first_level_s), 1)
+        next_trial_s = (round(self.time_plan.trial_s(self.next_trial().first_level_s), 1)
                         if opts.time_limit_s and self.unlaunched else None)
         more_s = sum(t.outcome.needed_s or 0.0 for t in record.measured()) + self.unlaunched * (next_trial_s or 0.0)
         record.write_progress(Progress(state=state, not_done=[n.text for n in self.not_done],
                                        time_limit_s=opts.time_limit_s,
-                                       elapsed_s=round(self.clock.elapsed(), 1), next_trial_s=next_trial_s,
+                                       elapsed_s=round(self.time_plan.elapsed(), 1), next_trial_s=next_trial_s,
                                        more_s=round(more_s, 1) if more_s else None))
         results = Results(record)
         try:
@@ -391,23 +393,24 @@ class Tuner:
         were launched, the strategy has nothing left, or no launch and first deciding level fit the time left
         (then True, with what was not launched in `not_done`); tell the study each outcome as it returns and write
         the outputs."""
-        record, budget, clock, running = self.proposer.record, self.proposer.opts.budget, self.clock, self.running
+        record, budget, running = self.proposer.record, self.proposer.opts.budget, self.running
+        time_plan = self.time_plan
         self.not_done = [item for item in self.not_done if not item.unlaunched]
         self.unlaunched = 0
         held: Launch | None = None  # proposed, waiting for devices to free up
         announced = None  # the held trial's number once told to the hooks
         skipped = 0
-        if clock.deadline is not None:
-            self.hooks.note(clock.describe(self.next_trial().first_level_s, budget - len(record.measured())))
+        if time_plan.deadline is not None:
+            self.hooks.note(time_plan.describe(self.next_trial().first_level_s, budget - len(record.measured())))
         while True:
             left = budget - len(record.measured()) - len(running.running)
             if held is None and running.free and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
                 nxt = self.next_trial()
                 # the first trial runs whatever the time: it says what a trial costs
                 if record.measured() or running.running:
-                    fits = clock.can_launch(nxt.first_level_s, nxt.reserve_s)
+                    fits = time_plan.can_launch(nxt.first_level_s, nxt.reserve_s)
                 else:
-                    fits = clock.remaining() > 0
+                    fits = time_plan.remaining() > 0
                 if not fits:
                     if not running.running:
                         self._out_of_time(left, nxt)
@@ -429,8 +432,9 @@ class Tuner:
                 announced = held.job.number
             if held is not None:
                 nxt = self.next_trial()
-                job = replace(held.job, plan=replace(held.job.plan, race=nxt.race), budget=clock.budget(
-                    reserve_s=nxt.reserve_s, keep=nxt.keep, next_trial_s=clock.trial_s(nxt.first_level_s, later=True),
+                job = replace(held.job, plan=replace(held.job.plan, race=nxt.race), trial_time=time_plan.trial_time(
+                    reserve_s=nxt.reserve_s, keep=nxt.keep,
+                    next_trial_s=time_plan.trial_s(nxt.first_level_s, later=True),
                     after=left - 1, baseline=read_trial(held.trial).role == Role.DEFAULT))
                 if running.submit(job, replace(held, job=job)):
                     skipped, held = 0, None
@@ -440,20 +444,21 @@ class Tuner:
             for finished in running.wait():
                 self._record(finished)
             self.publish(TuneState.RUNNING)
-            if clock.deadline is not None:
-                self.hooks.note(clock.describe(self.next_trial().first_level_s,
+            if time_plan.deadline is not None:
+                self.hooks.note(time_plan.describe(self.next_trial().first_level_s,
                                                budget - len(record.measured()) - len(running.running),
                                                self.next_trial().reserve_s))
 
     def next_trial(self) -> "NextTrial":
         """What the next trial would start with, from what the study measured (`NextTrial`)."""
-        return next_trial(self.proposer.record, self.proposer.plan, self.clock, self.proposer.opts.confirm)
+        return next_trial(self.proposer.record, self.proposer.plan, self.time_plan, self.proposer.opts.confirm)
 
     def _out_of_time(self, left: int, nxt: "NextTrial") -> None:
         budget, self.unlaunched = self.proposer.opts.budget, left
-        need = duration(self.clock.trial_s(nxt.first_level_s))
-        self.not_done.append(NotDone(f"{left} of {budget} trials not launched: the {duration(self.clock.remaining())} "
-                                     f"left hold no launch and first deciding level (~{need})"
+        need = duration(self.time_plan.trial_s(nxt.first_level_s))
+        left_s = duration(self.time_plan.remaining())
+        self.not_done.append(NotDone(f"{left} of {budget} trials not launched: the {left_s} left hold no launch "
+                                     f"and first deciding level (~{need})"
                                      + (f" beside the head-to-head (~{duration(nxt.reserve_s)})" if nxt.reserve_s
                                         else ""), unlaunched=True))
         self.hooks.note(f"time limit: {self.not_done[-1].text}")
@@ -462,7 +467,7 @@ class Tuner:
         """Whether a trial fits again now that the head-to-head ran (it kept its time for a level that passes;
         the defaults' level often fails in seconds)."""
         nxt = self.next_trial()
-        return self.clock.can_launch(nxt.first_level_s, nxt.reserve_s)
+        return self.time_plan.can_launch(nxt.first_level_s, nxt.reserve_s)
 
     def _record(self, finished: Finished[Launch]) -> None:
         """Tell the study a finished trial's outcome. A trial whose worker died, or that the time limit stopped
@@ -475,7 +480,7 @@ class Tuner:
             hooks.trial_lost(job.number, finished.lost)
             return
         if out.startup is not None and out.startup.ready_s is not None:
-            self.clock.observe_launch(out.startup.ready_s)
+            self.time_plan.observe_launch(out.startup.ready_s)
         if out.cut_short and not out.levels:
             write_trial(trial, outcome=out)  # its launch took time (`results.time_spent`); it runs again on --resume
             record.requeue(record.trial(job.number), "stopped by the time limit")
@@ -536,7 +541,7 @@ class Tuner:
         pick: `latency`), when that fits the time left (None: it does not, which `not_done` says)."""
         opts, plan = self.proposer.opts, self.proposer.plan
         assert pick.goodput_rate is not None  # it beat the defaults' (`confirm`)
-        if self.clock.remaining() < self.clock.launch_s() + STOP_S:  # the trial sizes its level to what is left
+        if self.time_plan.remaining() < self.time_plan.launch_s() + STOP_S:  # the trial sizes its level to what is left
             need = self.next_trial().head_to_head_s(pick.goodput_rate)
             self.not_done.append(NotDone(f"the head-to-head with the defaults (~{duration(need)}): the time limit "
                                          "came first"))
@@ -544,8 +549,8 @@ class Tuner:
         level_set = self.runtime.build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
                                                 count=plan.levels.pool)
         job = head_to_head_job(default, pick.goodput_rate, plan, level_set, opts.out,
-                               self.clock.budget(reserve_s=0.0, keep=None, next_trial_s=0.0, after=0,
-                                                 baseline=True), latency)
+                               self.time_plan.trial_time(reserve_s=0.0, keep=None, next_trial_s=0.0, after=0,
+                                                         baseline=True), latency)
         outcome = run_head_to_head(job, self.running, self.hooks)
         if outcome.cut_short:
             self.not_done.append(NotDone(f"the head-to-head with the defaults was cut short ({outcome.cut_short})"))
@@ -570,7 +575,7 @@ class NextTrial:
         return self.cost.seconds(rate * self.per_s)
 
 
-def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: bool) -> NextTrial:
+def next_trial(record: StudyRecord, plan: TrialPlan, time_plan: TimePlan, confirm: bool) -> NextTrial:
     """The next trial's start (`NextTrial`) from the study's measured trials."""
     measured = [t for t in record.measured() if t.outcome.ok]
     per_s = requests_per_s(plan, 1.0)
@@ -586,7 +591,7 @@ def next_trial(record: StudyRecord, plan: TrialPlan, clock: TimePlan, confirm: b
         first += level_seconds(plan, rate * per_s, e2e)
     else:
         race = None
-    cost = Keep(low=0.0, high=math.inf, launch_s=clock.launch_s(), requests=least_requests(plan, 0.0),
+    cost = Keep(low=0.0, high=math.inf, launch_s=time_plan.launch_s(), requests=least_requests(plan, 0.0),
                 drain_s=e2e.overhead_s, min_window_s=plan.levels.window_s)
     nxt = NextTrial(race, first, cost, per_s)
     default = next((t for t in measured if t.record.role == Role.DEFAULT), None)

@@ -29,7 +29,7 @@ def test_a_reserved_port_is_not_handed_out_again(monkeypatch):
 def test_inline_runs_the_trial_inside_submit_with_its_progress_callbacks(monkeypatch):
     calls = []
 
-    def run_trial(plan, config, out_dir, *, budget=None, hooks=None) -> TrialOutcome:
+    def run_trial(plan, config, out_dir, *, trial_time=None, hooks=None) -> TrialOutcome:
         calls.append((plan, config, out_dir, hooks))
         return TrialOutcome(status=TrialStatus.OK, config=config)
 

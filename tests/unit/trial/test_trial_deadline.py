@@ -11,7 +11,7 @@ import pytest
 
 from servetune.measure.slo import parse_slo
 from servetune.measure.verdict import Decision
-from servetune.timelimit import Keep, LevelBudget
+from servetune.timelimit import Keep, TrialTime
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import MIN_WINDOW_S, Latency, LevelName, LevelOptions, Levels, Race, TrialPlan, least_requests
 from servetune.tuner.confirm import head_to_head_job
@@ -83,7 +83,7 @@ def test_a_level_whose_pass_would_need_the_head_to_head_leaves_it_its_time():
     spec = WorkloadSpec.model_validate(WORKLOAD)
     plan = TrialPlan("m", spec, parse_slo({"ttft_p99_ms": 1000}), "goodput", [[RequestSpec("x", 32, 8)] * 50],
                      LevelOptions(requests=300, min_requests=10))
-    trial = Levels(plan, SimpleNamespace(alive=lambda: True), None, LevelBudget(deadline=time.time() + 150, keep=keep),
+    trial = Levels(plan, SimpleNamespace(alive=lambda: True), None, TrialTime(deadline=time.time() + 150, keep=keep),
                    time, Hooks())
     trial.levels = [SimpleNamespace(rate=4.0, passed=True, verdict=Decision.PASS)]
     e2e = Latency(p99_s=1.0, mean_s=0.5)
@@ -108,9 +108,9 @@ def test_the_head_to_head_level_fits_the_time_kept_for_it(tiny_model, tmp_path):
     keep = Keep(low=0.0, high=math.inf, launch_s=launch_s, requests=least_requests(plan, 0.0),
                 drain_s=pick.overhead_s, min_window_s=MIN_WINDOW_S)
     default = SimpleNamespace(trial=0, config={})
-    budget = LevelBudget(deadline=time.time() + keep.seconds(rate) - launch_s, baseline=True)  # launched as before
-    job = head_to_head_job(default, rate, plan, build_requests(spec, tokenizer, seed=1), tmp_path, budget, pick)
-    trial = Levels(job.plan, SimpleNamespace(alive=lambda: True), tmp_path, budget, time, Hooks())
+    allowed = TrialTime(deadline=time.time() + keep.seconds(rate) - launch_s, baseline=True)  # launched as before
+    job = head_to_head_job(default, rate, plan, build_requests(spec, tokenizer, seed=1), tmp_path, allowed, pick)
+    trial = Levels(job.plan, SimpleNamespace(alive=lambda: True), tmp_path, allowed, time, Hooks())
     assert trial.latency() == pick
     assert trial._window_requests(LevelName.CONFIRM, rate, rate, trial.latency(), False) is not None, trial.cut
 

@@ -11,7 +11,16 @@ from servetune.executors import WorkerError, WorkerLost
 from servetune.measure.slo import parse_slo
 from servetune.study.storage import StudyError, StudyLock, default_storage
 from servetune.testing.simengine import SimClock
-from servetune.timelimit import GUESS_CAPACITY_S, GUESS_LAUNCH_S, STOP_S, Keep, LevelBudget, TimePlan, parse_duration
+from servetune.timelimit import (
+    GUESS_CAPACITY_S,
+    GUESS_LAUNCH_S,
+    STOP_S,
+    Keep,
+    NotStarted,
+    TimePlan,
+    TrialTime,
+    parse_duration,
+)
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import LevelOptions
 from servetune.tuner.loop import Runtime, TuneOptions, tune
@@ -52,45 +61,47 @@ def test_the_time_plan_guesses_a_cold_first_launch_then_uses_what_it_measured():
     assert plan.trial_s(first_level_s=50) == 30 + 50 + 10  # a launch, the first deciding level, a stop
     clock.advance_to(clock.now + 800)  # 100 s left: a 90 s trial fits, not beside 20 s kept for a head-to-head
     assert plan.can_launch(50) and not plan.can_launch(50, reserve_s=20)
-    budget = plan.budget(reserve_s=20, keep=None, next_trial_s=90, after=2, baseline=False)
-    assert budget.deadline == plan.deadline - 20 and budget.share_s == 2 * plan.level_s
-    assert TimePlan(limit_s=None).budget(reserve_s=0, keep=None, next_trial_s=0, after=0, baseline=True) is None
+    allowed = plan.trial_time(reserve_s=20, keep=None, next_trial_s=90, after=2, baseline=False)
+    assert allowed.deadline == plan.deadline - 20 and allowed.share_s == 2 * plan.level_s
+    assert TimePlan(limit_s=None).trial_time(reserve_s=0, keep=None, next_trial_s=0, after=0, baseline=True) is None
 
 
 def test_a_levels_requests_fit_its_time_its_share_and_leave_room_for_the_trials_after_it():
-    budget = LevelBudget(deadline=1000.0, level_s=60.0, share_s=120.0, next_trial_s=100.0, after=3)
+    allowed = TrialTime(deadline=1000.0, level_s=60.0, share_s=120.0, next_trial_s=100.0, after=3)
     # 600 requests at 10 req/s take a minute: the cap holds; held to level_s (60 s) at 20 req/s
-    assert budget.requests(now=0, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 600
-    assert budget.requests(now=0, end=1000, rate_per_s=20, cap=2000, least=300, drain_s=5) == 1200
+    assert allowed.level_size(now=0, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 600
+    assert allowed.level_size(now=0, end=1000, rate_per_s=20, cap=2000, least=300, drain_s=5) == 1200
     # near the end it shrinks to what fits (50 s less the drain and a stop), and is not started below the least
-    assert budget.requests(now=950, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 350
-    assert budget.requests(now=980, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5).startswith("more than")
+    assert allowed.level_size(now=950, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 350
+    assert allowed.level_size(now=980, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == NotStarted(
+        "more than the 20s left")
     # 300 requests at 2 req/s take 2m35s, more than a trial's share (2m), while other trials would use the time
-    assert "share" in budget.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5)
+    assert "share" in allowed.level_size(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5).why
     # vLLM's defaults are held to it only once a level of theirs was decided
-    defaults = LevelBudget(deadline=1000.0, share_s=120.0, next_trial_s=100.0, after=3, baseline=True)
-    assert defaults.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5) == 600
-    assert "share" in defaults.requests(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5, decided=True)
+    defaults = TrialTime(deadline=1000.0, share_s=120.0, next_trial_s=100.0, after=3, baseline=True)
+    assert defaults.level_size(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5) == 600
+    assert defaults.level_size(now=0, end=1000, rate_per_s=2, cap=600, least=300, drain_s=5,
+                               decided=True) == NotStarted("more than a trial's share of the limit (2m00s)")
     # after its first verdict a trial goes on only while the 3 trials after it keep 100 s each and a deciding level
     # as long as this one (35 s): 405 s
-    assert budget.requests(now=560, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True).startswith(
-        "going on would leave the 3 trials left")
-    assert budget.requests(now=540, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True) == 400
+    assert allowed.level_size(now=560, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5,
+                              decided=True) == NotStarted("going on would leave the 3 trials left less than they need")
+    assert allowed.level_size(now=540, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True) == 400
     # with 300 s left only 2 of them fit at all: room is kept for those 2
-    assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5, decided=True).startswith(
-        "going on would leave the 2 trials left")
-    assert budget.requests(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 600  # the first
+    assert allowed.level_size(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5,
+                              decided=True) == NotStarted("going on would leave the 2 trials left less than they need")
+    assert allowed.level_size(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 600  # the first
     # the last trial, or one after which no other fits, uses the rest
-    assert LevelBudget(deadline=1000.0).refines(now=0, end=1000)
-    assert budget.refines(now=950, end=1000) and not budget.refines(now=0, end=1000)
+    assert TrialTime(deadline=1000.0).refines(now=0, end=1000)
+    assert allowed.refines(now=950, end=1000) and not allowed.refines(now=0, end=1000)
 
 
 def test_the_head_to_heads_time_is_kept_once_a_pass_needs_it():
     keep = Keep(low=5.0, high=8.0, launch_s=30.0, requests=300, drain_s=5.0)
-    budget = LevelBudget(deadline=1000.0, keep=keep)
-    assert budget.end([4.0]) == 1000  # below the defaults' rate: no head-to-head
-    assert budget.end([4.0, 6.0]) == 1000 - (1.25 * 30 + 300 / 6 + 5 + 10)  # above it, below their failure: kept
-    assert budget.end([6.0, 9.0]) == 1000  # the highest pass is above a rate the defaults failed at: nothing to run
+    allowed = TrialTime(deadline=1000.0, keep=keep)
+    assert allowed.end([4.0]) == 1000  # below the defaults' rate: no head-to-head
+    assert allowed.end([4.0, 6.0]) == 1000 - (1.25 * 30 + 300 / 6 + 5 + 10)  # above it, below their failure: kept
+    assert allowed.end([6.0, 9.0]) == 1000  # the highest pass is above a rate the defaults failed at: nothing to run
 
 
 def test_the_plan_says_what_the_time_left_affords():
@@ -112,10 +123,10 @@ def test_a_tune_stops_launching_when_the_next_trial_no_longer_fits_and_says_so(t
     assert summary.state == "time-limit" and summary_of(tmp_path)["state"] == "time-limit"
     assert "2 of 3 trials not launched: the 30s left hold no launch and first deciding level" in summary.not_done[0]
     assert summary.best.trial == 0 and summary.confirmation.recommended_goodput_rate == 5.0
-    assert executor.jobs[0].budget.deadline == clock.now - 220 + 250  # the tune's own deadline: no slice
+    assert executor.jobs[0].trial_time.deadline == clock.now - 220 + 250  # the tune's own deadline: no slice
     # the trials after the first launch into its compile caches: the room the defaults keep for them is a warm
     # launch's (a cold one's cut the defaults' search on the H200 with 9m26s left and 2 trials of 2m19s to come)
-    assert executor.jobs[0].budget.next_trial_s == GUESS_LAUNCH_S["cpu"][1] + GUESS_CAPACITY_S + STOP_S
+    assert executor.jobs[0].trial_time.next_trial_s == GUESS_LAUNCH_S["cpu"][1] + GUESS_CAPACITY_S + STOP_S
     assert "At the time limit: run vLLM's defaults: it holds 5.00 req/s" in summary.answer
     assert summary.time.unused_s == 30 and summary.time.elapsed_s == 220
 
@@ -129,7 +140,7 @@ def test_a_candidate_races_at_the_best_rate_and_the_last_one_that_fits_runs(tiny
     searched = [j for j in executor.jobs if not j.plan.fixed_levels]
     assert len(searched) == 2 and searched[0].plan.race is None
     assert searched[1].plan.race.rate == 5.0 and searched[1].plan.race.beat == 5.5
-    assert searched[1].budget.after == 1 and searched[1].budget.deadline == searched[0].budget.deadline
+    assert searched[1].trial_time.after == 1 and searched[1].trial_time.deadline == searched[0].trial_time.deadline
     assert summary.state == "time-limit" and "1 of 3 trials not launched" in summary.not_done[0]
 
 
@@ -142,8 +153,8 @@ def test_no_time_is_kept_for_a_head_to_head_that_the_best_config_makes_moot(tiny
     summary = tune(options(tiny_model, tmp_path, budget=4, time_limit_s=3600), executor=executor,
                    runtime=Runtime(clock=clock))
     searched = [j for j in executor.jobs if not j.plan.fixed_levels]
-    assert searched[2].budget.deadline < searched[0].budget.deadline  # trial 1's pass at 6 keeps the time
-    assert searched[3].budget.deadline == searched[0].budget.deadline
+    assert searched[2].trial_time.deadline < searched[0].trial_time.deadline  # trial 1's pass at 6 keeps the time
+    assert searched[3].trial_time.deadline == searched[0].trial_time.deadline
     assert summary.confirmation.method == "search" and summary.confirmation.recommended_trial == 2
 
 
