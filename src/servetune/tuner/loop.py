@@ -9,6 +9,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -357,6 +358,24 @@ class Proposer:
         return None
 
 
+class SearchEnd(StrEnum):
+    """Why the search launches nothing more (`Tuner._ask`): its stop rules."""
+
+    BUDGET_SPENT = "budget spent"  # every server of the budget launched, or only configs it cannot launch proposed
+    OUT_OF_TIME = "out of time"  # the time left holds no launch and first deciding level
+    STRATEGY_DONE = "strategy done"  # the strategy has nothing left to propose
+
+
+@dataclass
+class Pending:
+    """The search's launch in waiting: proposed and not yet submitted (`launch`: the executor had no room), the
+    trial number told to the hooks, and the proposals skipped in a row."""
+
+    launch: Launch | None = None
+    announced: int | None = None
+    skipped: int = 0
+
+
 @dataclass
 class Tuner:
     """The search loop, the head-to-head and the outputs of one tune."""
@@ -388,72 +407,89 @@ class Tuner:
             self.hooks.note(f"could not write the outputs in {opts.out}: {e}")
         return results.summary
 
-    def search(self) -> bool:  # noqa: C901 (the launch loop: propose, hold, submit, wait, in one state machine)
-        """Launch what the proposer proposes, as many at once as the executor has slots, until `budget` servers
-        were launched, the strategy has nothing left, or no launch and first deciding level fit the time left
-        (then True, with what was not launched in `not_done`); tell the study each outcome as it returns and write
-        the outputs."""
-        record, budget, running = self.proposer.record, self.proposer.opts.budget, self.running
-        time_plan = self.time_plan
+    def search(self) -> bool:
+        """The search loop in Optuna's shape: ask for a launch (`_ask`) while the executor has a free slot, submit
+        it, wait for trials to finish and tell the study each outcome (`_record`), writing the outputs; until no
+        launch is left (`SearchEnd`) and nothing runs. True when it ended out of time (what was not launched is in
+        `not_done`)."""
         self.not_done = [item for item in self.not_done if not item.unlaunched]
         self.unlaunched = 0
-        held: Launch | None = None  # proposed, waiting for devices to free up
-        announced = None  # the held trial's number once told to the hooks
-        skipped = 0
-        if time_plan.deadline is not None:
-            self.hooks.note(time_plan.describe(self.next_trial().first_level_s, budget - len(record.measured())))
+        pending = Pending()
+        self._note_time()
         while True:
-            left = budget - len(record.measured()) - len(running.running)
-            if held is None and running.free and skipped < MAX_SKIPPED_IN_A_ROW and left > 0:
-                nxt = self.next_trial()
-                # the first trial runs whatever the time: it says what a trial costs
-                if record.measured() or running.running:
-                    fits = time_plan.can_launch(nxt.first_level_s, nxt.reserve_s)
-                else:
-                    fits = time_plan.remaining() > 0
-                if not fits:
-                    if not running.running:
-                        self._out_of_time(left, nxt)
-                        return True
-                else:
-                    proposal = self.proposer.next()
-                    if proposal is None:
-                        if not running.running:
-                            return False
-                    elif isinstance(proposal, Skip):
-                        skipped += 1
-                        if not proposal.duplicate:  # duplicates are TPE's noise, not news
-                            self.hooks.trial_skipped(proposal.number, proposal.config, proposal.reason)
-                        continue
-                    else:
-                        held = proposal
-            if held is not None and announced != held.job.number:  # before submit: `Inline` runs the trial in it
-                self.hooks.trial_started(held.job.number, held.job.config, read_trial(held.trial).why or "")
-                announced = held.job.number
-            if held is not None:
-                nxt = self.next_trial()
-                job = replace(held.job, plan=replace(held.job.plan, race=nxt.race), trial_time=time_plan.trial_time(
-                    reserve_s=nxt.reserve_s, keep=nxt.keep,
-                    next_trial_s=time_plan.trial_s(nxt.first_level_s, later=True),
-                    after=left - 1, baseline=read_trial(held.trial).role == Role.DEFAULT))
-                if running.submit(job, replace(held, job=job)):
-                    skipped, held = 0, None
-                    continue
-            if not running.running:
+            if pending.launch is None and self.running.free:
+                end = self._ask(pending)
+                if end is not None and not self.running.running:
+                    if end == SearchEnd.OUT_OF_TIME:
+                        self._out_of_time()
+                    return end == SearchEnd.OUT_OF_TIME
+            if pending.launch is not None and self._submit(pending):
+                continue
+            if not self.running.running:
                 return False
-            for finished in running.wait():
+            for finished in self.running.wait():
                 self._record(finished)
             self.publish(TuneState.RUNNING)
-            if time_plan.deadline is not None:
-                self.hooks.note(time_plan.describe(self.next_trial().first_level_s,
-                                               budget - len(record.measured()) - len(running.running),
-                                               self.next_trial().reserve_s))
+            self._note_time()
+
+    def _left(self) -> int:
+        """Trials of the budget neither measured nor running."""
+        return self.proposer.opts.budget - len(self.proposer.record.measured()) - len(self.running.running)
+
+    def _ask(self, pending: "Pending") -> "SearchEnd | None":
+        """The next config to launch, held in `pending` (None returned), or why no launch comes now: the budget is
+        spent (or the proposer kept proposing configs it cannot launch), the time left holds no launch and first
+        deciding level (the first trial runs whatever the time: it says what a trial costs), or the strategy has
+        nothing left. A skipped proposal costs nothing and the next is asked for."""
+        while True:
+            if pending.skipped >= MAX_SKIPPED_IN_A_ROW or self._left() <= 0:
+                return SearchEnd.BUDGET_SPENT
+            nxt = self.next_trial()
+            if self.proposer.record.measured() or self.running.running:
+                fits = self.time_plan.can_launch(nxt.first_level_s, nxt.reserve_s)
+            else:
+                fits = self.time_plan.remaining() > 0
+            if not fits:
+                return SearchEnd.OUT_OF_TIME
+            proposal = self.proposer.next()
+            if proposal is None:
+                return SearchEnd.STRATEGY_DONE
+            if not isinstance(proposal, Skip):
+                pending.launch = proposal
+                return None
+            pending.skipped += 1
+            if not proposal.duplicate:  # duplicates are TPE's noise, not news
+                self.hooks.trial_skipped(proposal.number, proposal.config, proposal.reason)
+
+    def _submit(self, pending: "Pending") -> bool:
+        """Submit the held launch with the time it may spend (the hooks told before: `Inline` runs the trial in the
+        submit); False when the executor has no room for it yet."""
+        held = pending.launch
+        assert held is not None  # asked for (`_ask`)
+        if pending.announced != held.job.number:
+            self.hooks.trial_started(held.job.number, held.job.config, read_trial(held.trial).why or "")
+            pending.announced = held.job.number
+        nxt = self.next_trial()
+        job = replace(held.job, plan=replace(held.job.plan, race=nxt.race), trial_time=self.time_plan.trial_time(
+            reserve_s=nxt.reserve_s, keep=nxt.keep, next_trial_s=self.time_plan.trial_s(nxt.first_level_s, later=True),
+            after=self._left() - 1, baseline=read_trial(held.trial).role == Role.DEFAULT))
+        if not self.running.submit(job, replace(held, job=job)):
+            return False
+        pending.skipped, pending.launch = 0, None
+        return True
+
+    def _note_time(self) -> None:
+        """Under a time limit, tell the hooks the time left and what it affords."""
+        if self.time_plan.deadline is not None:
+            nxt = self.next_trial()
+            self.hooks.note(self.time_plan.describe(nxt.first_level_s, self._left(), nxt.reserve_s))
 
     def next_trial(self) -> "NextTrial":
         """What the next trial would start with, from what the study measured (`NextTrial`)."""
         return next_trial(self.proposer.record, self.proposer.plan, self.time_plan, self.proposer.opts.confirm)
 
-    def _out_of_time(self, left: int, nxt: "NextTrial") -> None:
+    def _out_of_time(self) -> None:
+        left, nxt = self._left(), self.next_trial()
         budget, self.unlaunched = self.proposer.opts.budget, left
         need = duration(self.time_plan.trial_s(nxt.first_level_s))
         left_s = duration(self.time_plan.remaining())
