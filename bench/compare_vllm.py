@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from servetune.engine import Engine
+from servetune.engine import Engine, launched
 from servetune.tinymodel import write_tiny_model
 
 FIELDS = ("request_throughput", "mean_ttft_ms", "mean_tpot_ms", "p99_schedule_lag_ms", "late_requests")
@@ -294,19 +294,20 @@ def main() -> None:
         write_tiny_model(args.model)
     model = str(args.model.resolve())
     runs = []
-    with (tempfile.TemporaryDirectory() as tmp,
-          Engine(model, {"enable_prefix_caching": False}, Path(tmp) / "server.log") as engine):
-        work = Path(tmp)
-        for rate in args.rates:
-            for rep in range(args.reps):
-                seed = 1000 * rep + (0 if rate == "20" else 500)
-                tools = [("servetune", partial(servetune_run, realtime=args.realtime)),
-                         ("vllm", partial(vllm_run, realtime=args.realtime, shared_schedule=args.shared_schedule))]
-                for tool, run in tools if rep % 2 == 0 else tools[::-1]:
-                    result = measured(run, engine, engine.base_url, model, rate, seed, work)
-                    runs.append({"tool": tool, "rate": rate, "rep": rep, "load_avg_1m": os.getloadavg()[0],
-                                 **{f: result[f] for f in (*FIELDS, *SERVER_HISTOGRAMS, *CPU_FIELDS)}})
-                    print(json.dumps(runs[-1]), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = Engine(model, {"enable_prefix_caching": False}, Path(tmp) / "server.log")
+        with launched(engine):
+            work = Path(tmp)
+            for rate in args.rates:
+                for rep in range(args.reps):
+                    seed = 1000 * rep + (0 if rate == "20" else 500)
+                    tools = [("servetune", partial(servetune_run, realtime=args.realtime)),
+                             ("vllm", partial(vllm_run, realtime=args.realtime, shared_schedule=args.shared_schedule))]
+                    for tool, run in tools if rep % 2 == 0 else tools[::-1]:
+                        result = measured(run, engine, engine.base_url, model, rate, seed, work)
+                        runs.append({"tool": tool, "rate": rate, "rep": rep, "load_avg_1m": os.getloadavg()[0],
+                                     **{f: result[f] for f in (*FIELDS, *SERVER_HISTOGRAMS, *CPU_FIELDS)}})
+                        print(json.dumps(runs[-1]), flush=True)
     table = []
     for rate in args.rates:
         row = {"rate": rate}

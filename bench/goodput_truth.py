@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servetune.engine import Engine
+from servetune.engine import Engine, launched
 from servetune.loadgen.records import RequestRecord
 from servetune.measure.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
 from servetune.measure.slo import parse_slo
@@ -118,7 +118,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     engine = Engine(args.model, args.config, args.out / "server.log")
     tokenizer = load_tokenizer(args.model)
-    engine.start()
     rows: list[dict] = []
 
     def record(row: dict) -> None:
@@ -128,7 +127,7 @@ def main() -> None:
             "model": args.model, "workload": str(args.workload), "config": args.config, "slo": args.slo,
             "seconds": args.seconds, "command": " ".join(sys.argv), "rows": rows, "truth": truth(rows)}, indent=1))
 
-    try:
+    with launched(engine):
         if args.rates:
             for k, rate in enumerate(args.rates):
                 record(measure(engine, args, rate, k, tokenizer))
@@ -139,9 +138,6 @@ def main() -> None:
                 row = measure(engine, args, rate, k, tokenizer)
                 record(row)
                 low, high = (rate, high) if row.get("held") else (low, rate)
-    finally:
-        engine.stop()
-
 
 if __name__ == "__main__":
     main()

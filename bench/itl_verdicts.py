@@ -20,7 +20,7 @@ from unittest import mock
 import numpy as np
 import yaml
 
-from servetune.engine import Engine
+from servetune.engine import Engine, launched
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target
 from servetune.measure import verdict
 from servetune.measure.bench import measure_level
@@ -33,7 +33,8 @@ def collect(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     workload = WorkloadSpec.model_validate(yaml.safe_load(args.workload.read_text()))
     tokenizer = load_tokenizer(args.model)
-    with Engine(args.model, json.loads(args.config), args.out / "server.log") as engine:
+    engine = Engine(args.model, json.loads(args.config), args.out / "server.log")
+    with launched(engine):
         target, capacity = Target(engine.base_url, args.model, workload.endpoint), None
         rates = [math.inf] + [f for _ in range(args.reps) for f in args.fractions]
         for k, rate in enumerate(rates):

@@ -23,12 +23,13 @@ import argparse
 import json
 import math
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import optuna
 
-from servetune.engine import Engine, EngineFailed
+from servetune.engine import Engine, EngineFailed, launched
 from servetune.loadgen import LoadShape, Target
 from servetune.measure.bench import measure_level
 from servetune.measure.metrics import e2el_ms, itls_ms, tpot_ms, ttft_ms
@@ -158,9 +159,9 @@ def main() -> None:
         records_dir = args.out / "verdicts" / f"trial-{trial:04d}"
         records_dir.mkdir(parents=True, exist_ok=True)
         engine = Engine(model, mine[0]["config"], records_dir / "server.log")
-        try:
+        with ExitStack() as running:
             try:
-                engine.start()
+                running.enter_context(launched(engine))
             except EngineFailed as e:
                 for v in mine:
                     report["verdicts"].append(entry(v, slo) | {"measured": False, "why": [f"launch failed: {e}"]})
@@ -182,8 +183,6 @@ def main() -> None:
                                           | {"started": begun, "wall_s": round(time.time() - started, 1)})
                 print(line(report["verdicts"][-1], slo), flush=True)
                 write(report, args.json)
-        finally:
-            engine.stop()
     write(report, args.json)
     totals = report["totals"]
     print(f"{totals['held']} of {totals['measured']} pass verdicts held (share {totals['share']})"

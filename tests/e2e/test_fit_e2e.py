@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import vllm_processes, word_level_tokenizer_dir
-from servetune.engine import Engine
+from servetune.engine import Engine, launched
 from servetune.search.space import build_space
 from servetune.study.record import StudyMeta
 from servetune.study.results import headroom
@@ -91,16 +91,13 @@ def test_word_level_prompts_sized_by_tokens_alone_are_refused_by_their_character
     # ~7.2 characters a word, 7 at most per token: more characters than vLLM 0.32 allows a 1024-token context
     assert all(len(r.prompt) > 7 * by_tokens and r.min_model_len > by_tokens for r in requests)
     engine = Engine(str(model), {"max_model_len": by_tokens}, tmp_path / "server.log")
-    engine.start()
-    try:
+    with launched(engine):
         answer = httpx.post(engine.base_url + "/v1/completions", timeout=120, json={
             "model": str(model), "prompt": requests[0].prompt, "max_tokens": 8, "ignore_eos": True})
         assert answer.status_code == 400 and "characters" in answer.text  # vLLM's own refusal
         refusal = preflight(engine.base_url, str(model), "completions", requests)
         assert refusal.kind == "rejects_workload" and refusal.rejected_fraction == 1.0
         assert f"the server has {by_tokens}" in refusal.reason
-    finally:
-        engine.stop()
 
 
 def test_a_config_tightened_without_chunked_prefill_serves_the_workload_and_refuses_what_its_comment_says(tmp_path):
@@ -120,11 +117,8 @@ def test_a_config_tightened_without_chunked_prefill_serves_the_workload_and_refu
     comment = headroom(meta, config, space.model_len_reason(config)).comment
     assert f"or prompts over {7 * mml} characters, will be refused" in comment
     engine = Engine(str(model), config, tmp_path / "server.log")
-    engine.start()
-    try:
+    with launched(engine):
         assert preflight(engine.base_url, str(model), "completions", requests) is None
         answer = httpx.post(engine.base_url + "/v1/completions", timeout=120, json={
             "model": str(model), "prompt": "w" * (7 * mml + 1), "max_tokens": 8})
         assert answer.status_code == 400 and f"more than {7 * mml} characters" in answer.text  # the comment's M
-    finally:
-        engine.stop()

@@ -1,5 +1,6 @@
 """Stopping on a signal (`servetune.interrupt`): the stop it raises reaches the main code wherever the signal lands."""
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -40,3 +41,23 @@ def test_a_stop_that_lands_in_a_finalizer_is_raised_again_outside_it():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "stopped 143", proc.stderr
     assert "Exception ignored" not in proc.stderr
+
+
+def test_a_launch_outside_the_cli_unwinds_on_a_stop_signal_nobody_handles_and_keeps_a_handler_someone_set():
+    """A server launched by a library's caller (a bench script, a trial's worker process) is stopped by the `with`
+    that launched it when SIGTERM comes: the signal, left at its default, would end the process without unwinding.
+    A handler the caller set for a stop signal is theirs and stays."""
+    script = textwrap.dedent("""
+        import signal
+        from servetune.interrupt import Interrupted, handle_unhandled_signals
+        signal.signal(signal.SIGHUP, lambda signum, frame: print("caller's own", signum))
+        handle_unhandled_signals()
+        signal.raise_signal(signal.SIGHUP)
+        try:
+            signal.raise_signal(signal.SIGTERM)
+            print("went on")
+        except Interrupted as e:
+            print("stopped", e.exit_code)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split("\n")[:2] == [f"caller's own {int(signal.SIGHUP)}", "stopped 143"], proc.stderr

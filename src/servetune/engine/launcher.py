@@ -1,6 +1,5 @@
 """Launch a vLLM OpenAI-compatible server that only servetune may use, wait until it is ready, and always stop it."""
 
-import atexit
 import os
 import secrets
 import shutil
@@ -8,12 +7,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -22,6 +20,7 @@ from servetune.engine.args import CPU_KVCACHE_SPACE, normalize, to_argv
 from servetune.engine.installed import InstalledVllm, probe
 from servetune.engine.logfacts import FailureKind, LaunchFailure, StartupFacts, classify_failure, parse_startup
 from servetune.engine.ports import release_port, reserve_port
+from servetune.interrupt import handle_unhandled_signals
 from servetune.private import private_dir
 
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 1
@@ -30,11 +29,31 @@ _SERVERSIDE = Path(__file__).with_name("serverside")  # on the server's PYTHONPA
 ACCESS_MIDDLEWARE = "servetune_access.RequireSecret"
 SECRET_ENV = "SERVETUNE_SERVER_SECRET"  # serverside/servetune_access.py reads it
 SECRET_USER = "servetune"
-_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _PORT_IN_USE = "Address already in use"
 LAUNCH_TRIES = 3  # launches that lost their port to another process before ready are tried again
 GRACE_S = 8.0  # a server stopped when its work is done: time to shut down before it is killed
 STOP_GRACE_S = 2.0  # one stopped by an interrupt (vLLM still starting up ignores SIGTERM until it is up)
+
+
+class Launchable(Protocol):
+    """A server a measurement launches: an `Engine`, a trial's `Server` (real or simulated)."""
+
+    def start(self) -> StartupFacts: ...
+
+    def stop(self) -> None: ...
+
+
+@contextmanager
+def launched(server: Launchable, starting: AbstractContextManager[Any] | None = None) -> Iterator[StartupFacts]:
+    """The one way a measurement runs a server: start it (inside `starting`, what is shown while it starts), yield
+    its start-up facts, and stop it when the block ends, however it ends. A server that does not start raises
+    `EngineFailed`, already stopped."""
+    with starting or nullcontext():
+        facts = server.start()
+    try:
+        yield facts
+    finally:
+        server.stop()
 
 
 class EngineFailed(RuntimeError):
@@ -132,7 +151,7 @@ class Engine:
         """Launch on a reserved port and wait for /health; raises EngineFailed (server stopped) if it never
         gets ready, and stops the server before any other exception (an interrupt) goes on. A launch whose port
         another process took first is retried on a new port."""
-        _install_handlers()
+        handle_unhandled_signals()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         for attempt in range(LAUNCH_TRIES):
@@ -161,7 +180,6 @@ class Engine:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env() | {GUARD_PARENT_ENV: str(os.getpid())}, cwd="/", start_new_session=True,
             )
-        _LIVE.add(self)
 
     def _wait_ready(self, started: float) -> LaunchFailure | None:
         assert self.proc is not None  # started
@@ -199,7 +217,6 @@ class Engine:
         proc, self.proc = self.proc, None
         lock, self._port_lock = self._port_lock, None
         scratch, self.scratch = self.scratch, None
-        _LIVE.discard(self)
         if proc is not None:
             _kill_group(proc, grace_s)
         if lock is not None:  # the port is free for others once its server is gone (or never started)
@@ -207,13 +224,6 @@ class Engine:
             release_port(self.port, lock)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-
-    def __enter__(self) -> "Engine":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
@@ -237,29 +247,3 @@ def compile_cache() -> str:
         return given
     with private_dir("torchinductor") as cache:
         return str(cache.path)
-
-
-def stop_all() -> None:
-    """Stop every server this process started and has not stopped yet."""
-    for engine in list(_LIVE):
-        engine.stop()
-
-
-_installed = False
-
-
-def _install_handlers() -> None:
-    """Stop servers at interpreter exit and turn SIGTERM/SIGHUP into an exit that unwinds `with` blocks."""
-    global _installed
-    if _installed or threading.current_thread() is not threading.main_thread():
-        return
-    _installed = True
-    atexit.register(stop_all)
-
-    def on_signal(signum, frame):
-        stop_all()
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) in (signal.SIG_DFL, None):
-            signal.signal(sig, on_signal)

@@ -119,5 +119,7 @@ def _worker(work: Callable[[Job], TrialOutcome], job: Job, env: dict[str, str], 
         os.sched_setaffinity(0, cores)
     try:
         send.send(("ok", work(job)))
+    except KeyboardInterrupt:  # stopped (`close`): its server went as the trial unwound; the tuner sees the pipe close
+        return
     except Exception:
         send.send(("error", traceback.format_exc(limit=20)))

@@ -7,12 +7,12 @@ import contextlib
 import gc
 import math
 import os
-import signal
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any, cast
 
+from servetune.interrupt import cancelled_by_signals
 from servetune.loadgen.arrival import ArrivalProcess, replay_ns, schedule_ns
 from servetune.loadgen.client import Client, Target
 from servetune.loadgen.records import LoadResult, RequestRecord
@@ -174,49 +174,13 @@ def run_load_sync(
     should_stop: Callable[[Sequence[RequestRecord]], bool] | None = None,
 ) -> LoadResult:
     """`run_load` on a new event loop: uvloop's when it is installed. A signal that `servetune.interrupt`
-    handles stops it through the loop (`_signals_cancel`)."""
-    main = _signals_cancel(run_load(target, requests, shape, on_record, should_stop))
+    handles stops it through the loop (`interrupt.cancelled_by_signals`)."""
+    main = cancelled_by_signals(run_load(target, requests, shape, on_record, should_stop))
     try:
         import uvloop
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
-
-
-async def _signals_cancel(work: Awaitable[LoadResult]) -> LoadResult:
-    """Await `work` with SIGINT, SIGTERM and SIGHUP, where Python handles them (`servetune.interrupt`), taken by
-    the event loop: the signal cancels the work, which then raises `Interrupted`. Raised by the handler itself,
-    the interrupt can land inside a transport's callback, where the loop takes it for that connection's error
-    and the load goes on (a bench sent SIGTERM ran to its end and exited 0). The handlers are put back after."""
-    from servetune.interrupt import Interrupted
-
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    assert task is not None  # awaited in a task (asyncio.run's)
-    caught: list[signal.Signals] = []
-    taken = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    taken = {sig: handler for sig, handler in taken.items() if callable(handler)}
-
-    def cancel(sig: signal.Signals) -> None:
-        caught.append(sig)
-        task.cancel()
-
-    for sig in list(taken):
-        try:
-            loop.add_signal_handler(sig, cancel, sig)
-        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
-            del taken[sig]
-    try:
-        result = await work
-    except asyncio.CancelledError:
-        if not caught:
-            raise
-    finally:
-        for sig, handler in taken.items():
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, handler)
-    if caught:  # also where the work took the cancel as a stop and returned what it had
-        raise Interrupted(caught[0])
-    return result
 
 
 def _open_files(connections: int) -> None:

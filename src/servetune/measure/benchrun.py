@@ -5,7 +5,7 @@ be written where asked (a full disk) goes to the temporary directory, and the ru
 What the run has to say as it goes goes to its `BenchHooks` (the CLI draws bars and prints lines)."""
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from servetune import __version__
-from servetune.engine import Engine, EngineFailed, serve_command
+from servetune.engine import Engine, EngineFailed, launched, serve_command
 from servetune.errors import ServetuneError
 from servetune.jsonio import check_writable, write_json, write_or_beside
 from servetune.loadgen import LoadResult, LoadShape, RequestRecord, Target
@@ -141,23 +141,21 @@ def _launched(opts: BenchOptions, requests: list[RequestSpec], run: BenchRun, ho
     check_context(requests, launch_model_len(opts.model, opts.engine_args), f"the model {opts.model}")
     engine = Engine(opts.model, opts.engine_args, opts.log_path)
     command = serve_command(opts.model, engine.engine_args)
-    try:
-        with hooks.starting(command):
-            facts = engine.start()
-    except EngineFailed as e:
-        failed = run.model_copy(update={"engine": EngineFacts(config=engine.engine_args, failure=e.failure.to_dict())})
-        if problem := _save_json(opts.json_out, failed).misplaced:
-            hooks.warn(problem[0])
-        raise
-    try:
+    with ExitStack() as running:
+        try:
+            facts = running.enter_context(launched(engine, hooks.starting(command)))
+        except EngineFailed as e:
+            failed = run.model_copy(update={"engine": EngineFacts(config=engine.engine_args,
+                                                                  failure=e.failure.to_dict())})
+            if problem := _save_json(opts.json_out, failed).misplaced:
+                hooks.warn(problem[0])
+            raise
         run = run.model_copy(update={"engine": EngineFacts(
             config=engine.engine_args, startup=facts.to_dict(), vllm_version=engine.vllm.version,
             device=engine.vllm.device_type, command=command)})
         run = _measured_at(engine.base_url, opts, requests, run, hooks)
         assert run.engine is not None  # set above
         return run.model_copy(update={"engine": run.engine.model_copy(update={"alive_at_end": engine.alive()})})
-    finally:
-        engine.stop()
 
 
 def _measured_at(url: str, opts: BenchOptions, requests: list[RequestSpec], run: BenchRun,

@@ -24,13 +24,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
-from servetune.engine import Engine, EngineFailed
+from servetune.engine import Engine, EngineFailed, launched
 from servetune.engine.logfacts import FailureKind
 from servetune.loadgen import LoadShape, RequestRecord
 from servetune.loadgen.runner import due_times
@@ -314,23 +315,19 @@ def run_trial(
         startup_timeout_s = max(1.0, min(startup_timeout_s, trial_time.deadline - started))
     server = launch(plan, engine_args, out_dir / "server.log", startup_timeout_s)
     unit = plan.workload.rate_unit
-    try:
-        startup = server.start()
-    except EngineFailed as e:
-        late = trial_time is not None and clock.time() >= trial_time.deadline
-        failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=server.log_path.name)
-        cut = "time limit: the launch did not finish before the deadline" if late else None
-        return TrialOutcome.failed(server.engine_args, failure, rate_unit=unit, wall_s=clock.time() - started,
-                                   cut_short=cut)
-    trial = Levels(plan, server, out_dir, trial_time, clock, hooks)
-    search = None
-    try:
+    with ExitStack() as running:
+        try:
+            startup = running.enter_context(launched(server))
+        except EngineFailed as e:
+            late = trial_time is not None and clock.time() >= trial_time.deadline
+            failure = Failure(kind=e.failure.kind, reason=e.failure.reason, log=server.log_path.name)
+            cut = "time limit: the launch did not finish before the deadline" if late else None
+            return TrialOutcome.failed(server.engine_args, failure, rate_unit=unit, wall_s=clock.time() - started,
+                                       cut_short=cut)
+        trial = Levels(plan, server, out_dir, trial_time, clock, hooks)
         refusal = server.preflight([r for s in plan.level_sets for r in s])
-        if refusal is None:
-            search = trial.measure()
-    finally:
+        search = trial.measure() if refusal is None else None
         alive = server.alive()
-        server.stop()
     wall_s = clock.time() - started
     if refusal is not None:
         return TrialOutcome.failed(server.engine_args, refusal, rate_unit=unit, startup=startup, wall_s=wall_s)
