@@ -1,5 +1,6 @@
-"""The tune's wall-clock limit (`--time-limit`): when to launch another trial, how many requests each load level
-sends, and when to keep time for the head-to-head, from what the tune has measured.
+"""The tune's wall-clock limit (`--time-limit`): whether a trial or the head-to-head may launch (`TimePlan`), how
+many requests each load level sends (`TrialTime`), and when to keep time for the head-to-head (`Keep`), from what
+the tune has measured.
 
 Time goes to launches (the first on a machine also fills vLLM's compile caches: 2-4 minutes), load levels and
 the head-to-head. The plan keeps these rules:
@@ -201,9 +202,18 @@ class TimePlan:
         (`first_level_s`) and a stop."""
         return self.launch_s(later) + first_level_s + STOP_S
 
-    def can_launch(self, first_level_s: float, reserve_s: float = 0.0) -> bool:
-        """Whether another trial fits before the deadline, with `reserve_s` kept for the head-to-head."""
+    def launch_fits(self, first_level_s: float, reserve_s: float = 0.0, first: bool = False) -> bool:
+        """Whether a trial may be launched now: before the deadline, a launch, its first deciding level
+        (`first_level_s`) and a stop, with `reserve_s` kept for the head-to-head; the `first` trial of a tune
+        whatever the time left (it says what a trial costs)."""
+        if first:
+            return self.remaining() > 0
         return self.remaining() - reserve_s >= self.trial_s(first_level_s)
+
+    def head_to_head_fits(self) -> bool:
+        """Whether the head-to-head may launch the defaults again: a launch and a stop fit before the deadline (its
+        level is sized to what is left, like any trial's)."""
+        return self.remaining() >= self.launch_s() + STOP_S
 
     def trial_time(self, *, reserve_s: float, keep: Keep | None, next_trial_s: float, after: int,
                    baseline: bool) -> TrialTime | None:

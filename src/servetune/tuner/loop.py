@@ -53,7 +53,7 @@ from servetune.study.storage import (
     stored_meta,
     trial_dir,
 )
-from servetune.timelimit import GUESS_CAPACITY_S, STOP_S, Clock, Keep, TimePlan, duration
+from servetune.timelimit import GUESS_CAPACITY_S, Clock, Keep, TimePlan, duration
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import (
     Latency,
@@ -439,17 +439,13 @@ class Tuner:
     def _ask(self, pending: "Pending") -> "SearchEnd | None":
         """The next config to launch, held in `pending` (None returned), or why no launch comes now: the budget is
         spent (or the proposer kept proposing configs it cannot launch), the time left holds no launch and first
-        deciding level (the first trial runs whatever the time: it says what a trial costs), or the strategy has
+        deciding level (`TimePlan.launch_fits`), or the strategy has
         nothing left. A skipped proposal costs nothing and the next is asked for."""
         while True:
             if pending.skipped >= MAX_SKIPPED_IN_A_ROW or self._left() <= 0:
                 return SearchEnd.BUDGET_SPENT
-            nxt = self.next_trial()
-            if self.proposer.record.measured() or self.running.running:
-                fits = self.time_plan.can_launch(nxt.first_level_s, nxt.reserve_s)
-            else:
-                fits = self.time_plan.remaining() > 0
-            if not fits:
+            nxt, first = self.next_trial(), not (self.proposer.record.measured() or self.running.running)
+            if not self.time_plan.launch_fits(nxt.first_level_s, nxt.reserve_s, first=first):
                 return SearchEnd.OUT_OF_TIME
             proposal = self.proposer.next()
             if proposal is None:
@@ -503,7 +499,7 @@ class Tuner:
         """Whether a trial fits again now that the head-to-head ran (it kept its time for a level that passes;
         the defaults' level often fails in seconds)."""
         nxt = self.next_trial()
-        return self.time_plan.can_launch(nxt.first_level_s, nxt.reserve_s)
+        return self.time_plan.launch_fits(nxt.first_level_s, nxt.reserve_s)
 
     def _record(self, finished: Finished[Launch]) -> None:
         """Tell the study a finished trial's outcome. A trial whose worker died, or that the time limit stopped
@@ -577,7 +573,7 @@ class Tuner:
         pick: `latency`), when that fits the time left (None: it does not, which `not_done` says)."""
         opts, plan = self.proposer.opts, self.proposer.plan
         assert pick.goodput_rate is not None  # it beat the defaults' (`confirm`)
-        if self.time_plan.remaining() < self.time_plan.launch_s() + STOP_S:  # the trial sizes its level to what is left
+        if not self.time_plan.head_to_head_fits():
             need = self.next_trial().head_to_head_s(pick.goodput_rate)
             self.not_done.append(NotDone(f"the head-to-head with the defaults (~{duration(need)}): the time limit "
                                          "came first"))

@@ -60,7 +60,13 @@ def test_the_time_plan_guesses_a_cold_first_launch_then_uses_what_it_measured():
     assert plan.level_s == 900 / (2 * 5)  # two deciding levels for each trial of the budget and the head-to-head
     assert plan.trial_s(first_level_s=50) == 30 + 50 + 10  # a launch, the first deciding level, a stop
     clock.advance_to(clock.now + 800)  # 100 s left: a 90 s trial fits, not beside 20 s kept for a head-to-head
-    assert plan.can_launch(50) and not plan.can_launch(50, reserve_s=20)
+    assert plan.launch_fits(50) and not plan.launch_fits(50, reserve_s=20)
+    assert plan.head_to_head_fits()  # a launch (30 s) and a stop
+    clock.advance_to(clock.now + 80)  # 20 s left: only a tune's first trial is launched, whatever the time
+    assert plan.launch_fits(50, first=True) and not plan.launch_fits(0)
+    assert not plan.head_to_head_fits()
+    clock.advance_to(clock.now + 20)
+    assert not plan.launch_fits(50, first=True)
     allowed = plan.trial_time(reserve_s=20, keep=None, next_trial_s=90, after=2, baseline=False)
     assert allowed.deadline == plan.deadline - 20 and allowed.share_s == 2 * plan.level_s
     assert TimePlan(limit_s=None).trial_time(reserve_s=0, keep=None, next_trial_s=0, after=0, baseline=True) is None
