@@ -317,11 +317,13 @@ def _tune_guarded(opts: "TuneOptions") -> None:
 def _outputs_as_left(out) -> str:
     """What a stopped tune left in `out`, as its summary.json says: written as interrupted, or untouched (stopped
     before a resumed tune began), or none (before anything was measured)."""
+    from servetune.study.record import TuneState
+
     try:
         state = json.loads((out / "summary.json").read_text())["state"]
     except (OSError, ValueError, KeyError):
         return "; nothing was measured yet: run the same command again"
-    said = "say what was measured" if state == "interrupted" else "are as they were"
+    said = "say what was measured" if state == TuneState.INTERRUPTED else "are as they were"
     return f"; the outputs in {out} {said} (state: {state}). Continue with the same command and --resume"
 
 
