@@ -16,7 +16,8 @@ def trials():
     from servetune.testing.simengine import draw_scenario  # the scenario's max_levels, as drawn
 
     rows = json.load(gzip.open(HERE / "../tie-search/head-503-634-device.json.gz"))
-    rows = [r for r in rows if "error" not in r["unlimited"]] + json.load(open(HERE / "../tie-search/seed-558-e246983.json"))
+    rows = [r for r in rows if "error" not in r["unlimited"]]
+    rows += json.load(open(HERE / "../tie-search/seed-558-e246983.json"))
     for row in rows:
         levels = draw_scenario(row["seed"]).max_levels
         for t in row["unlimited"]["trials"]:
