@@ -29,6 +29,7 @@ from servetune.search.feasibility import MemoryCheck
 from servetune.search.ruleout import prefill_cost, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
+from servetune.study.notdone import CutShort, HeadToHeadUnrun, NotDone, NothingMeasured, Stopped, Unlaunched
 from servetune.study.outcome import TrialOutcome
 from servetune.study.record import (
     HeadToHeadMethod,
@@ -53,7 +54,7 @@ from servetune.study.storage import (
     stored_meta,
     trial_dir,
 )
-from servetune.timelimit import GUESS_CAPACITY_S, Clock, Keep, TimePlan, duration
+from servetune.timelimit import GUESS_CAPACITY_S, Clock, Keep, TimePlan
 from servetune.trial.hooks import Hooks
 from servetune.trial.run import (
     Latency,
@@ -77,15 +78,6 @@ from servetune.workload import MorePrompts, RequestSpec, WorkloadSpec, build_req
 from servetune.workload.fit import ModelLenBounds, max_chars_per_token, model_len_for
 
 MAX_SKIPPED_IN_A_ROW = 200  # proposals that were infeasible or already measured, before giving up
-
-
-@dataclass(frozen=True)
-class NotDone:
-    """One thing the time limit (or a stop) left undone, as the answer says it (`text`); `unlaunched`: trials of the
-    budget that no launch fitted (a search that runs again, after the head-to-head, says it anew)."""
-
-    text: str
-    unlaunched: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,10 +167,8 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
         return tuner.publish(TuneState.TIME_LIMIT if tuner.not_done else TuneState.COMPLETE)
     except (KeyboardInterrupt, OSError) as e:  # a stop, or a write that failed (a disk that filled up)
         if tuner is not None:
-            tuner.not_done.append(NotDone("interrupted: continue with the same command and --resume"
-                                          if isinstance(e, KeyboardInterrupt) else
-                                          f"stopped: cannot write {e.filename} ({e.strerror}): the trial running "
-                                          "then runs again on --resume"))
+            tuner.not_done.append(Stopped() if isinstance(e, KeyboardInterrupt) else
+                                  Stopped(path=str(e.filename), error=e.strerror))
             if isinstance(e, OSError):
                 lock.give_room()
             tuner.publish(TuneState.INTERRUPTED)
@@ -396,7 +386,7 @@ class Tuner:
         next_trial_s = (round(self.time_plan.trial_s(self.next_trial().first_level_s), 1)
                         if opts.time_limit_s and self.unlaunched else None)
         more_s = sum(t.outcome.needed_s or 0.0 for t in record.measured()) + self.unlaunched * (next_trial_s or 0.0)
-        record.write_progress(Progress(state=state, not_done=[n.text for n in self.not_done],
+        record.write_progress(Progress(state=state, not_done=[str(n) for n in self.not_done],
                                        time_limit_s=opts.time_limit_s,
                                        elapsed_s=round(self.time_plan.elapsed(), 1), next_trial_s=next_trial_s,
                                        more_s=round(more_s, 1) if more_s else None))
@@ -412,7 +402,7 @@ class Tuner:
         it, wait for trials to finish and tell the study each outcome (`_record`), writing the outputs; until no
         launch is left (`SearchEnd`) and nothing runs. True when it ended out of time (what was not launched is in
         `not_done`)."""
-        self.not_done = [item for item in self.not_done if not item.unlaunched]
+        self.not_done = [item for item in self.not_done if not isinstance(item, Unlaunched)]
         self.unlaunched = 0
         pending = Pending()
         self._note_time()
@@ -487,13 +477,9 @@ class Tuner:
     def _out_of_time(self) -> None:
         left, nxt = self._left(), self.next_trial()
         budget, self.unlaunched = self.proposer.opts.budget, left
-        need = duration(self.time_plan.trial_s(nxt.first_level_s))
-        left_s = duration(self.time_plan.remaining())
-        self.not_done.append(NotDone(f"{left} of {budget} trials not launched: the {left_s} left hold no launch "
-                                     f"and first deciding level (~{need})"
-                                     + (f" beside the head-to-head (~{duration(nxt.reserve_s)})" if nxt.reserve_s
-                                        else ""), unlaunched=True))
-        self.hooks.note(f"time limit: {self.not_done[-1].text}")
+        self.not_done.append(Unlaunched(left=left, budget=budget, left_s=self.time_plan.remaining(),
+                                        need_s=self.time_plan.trial_s(nxt.first_level_s), reserve_s=nxt.reserve_s))
+        self.hooks.note(f"time limit: {self.not_done[-1]}")
 
     def room_after_head_to_head(self) -> bool:
         """Whether a trial fits again now that the head-to-head ran (it kept its time for a level that passes;
@@ -516,12 +502,11 @@ class Tuner:
         if out.cut_short and not out.levels:
             write_trial(trial, outcome=out)  # its launch took time (`results.time_spent`); it runs again on --resume
             record.requeue(record.trial(job.number), "stopped by the time limit")
-            self.not_done.append(NotDone(f"trial {job.number} was stopped by the time limit before it measured "
-                                         "anything: queued for --resume"))
+            self.not_done.append(NothingMeasured(job.number))
             hooks.trial_lost(job.number, "stopped by the time limit before it measured anything")
             return
         if out.cut_short:
-            self.not_done.append(NotDone(f"trial {job.number}'s rate search was cut short ({out.cut_short})"))
+            self.not_done.append(CutShort(out.cut_short, trial=job.number))
         out = out.model_copy(update={"artifacts": str(job.out_dir.relative_to(proposer.opts.out))})
         write_trial(trial, outcome=out)
         if proposer.memory is not None and out.startup and out.startup.kv_cache_tokens:
@@ -575,8 +560,7 @@ class Tuner:
         assert pick.goodput_rate is not None  # it beat the defaults' (`confirm`)
         if not self.time_plan.head_to_head_fits():
             need = self.next_trial().head_to_head_s(pick.goodput_rate)
-            self.not_done.append(NotDone(f"the head-to-head with the defaults (~{duration(need)}): the time limit "
-                                         "came first"))
+            self.not_done.append(HeadToHeadUnrun(need))
             return None
         level_set = self.runtime.build_requests(opts.workload, tokenizer, seed=opts.workload.seed + 100_000,
                                                 count=plan.levels.pool)
@@ -585,7 +569,7 @@ class Tuner:
                                                          baseline=True), latency)
         outcome = run_head_to_head(job, self.running, self.hooks)
         if outcome.cut_short:
-            self.not_done.append(NotDone(f"the head-to-head with the defaults was cut short ({outcome.cut_short})"))
+            self.not_done.append(CutShort(outcome.cut_short))
         return outcome
 
 
