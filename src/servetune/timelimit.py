@@ -143,7 +143,9 @@ class TrialTime:
         if decided and later > 0:
             n = min(n, math.floor((end - now - later * each - drain_s - STOP_S) * rate_per_s))
             if n < least:
-                return NotStarted(f"going on would leave the {later} trials left less than they need")
+                them = "the trial left less than it needs" if later == 1 else (
+                    f"the {later} trials left less than they need")
+                return NotStarted(f"going on would leave {them}")
         return n
 
     def refines(self, now: float, end: float) -> bool:
@@ -234,7 +236,8 @@ class TimePlan:
         fits = 0 if room < each else 1 + int((room - each) // self.trial_s(first_level_s, later=True))
         measured = "measured" if self.launches else "guessed"
         kept = f"; {duration(reserve_s)} kept for the head-to-head" if reserve_s else ""
-        rest = (f"room for ~{min(fits, budget_left)} of the {budget_left} trials left" if budget_left
+        trials = "trial" if budget_left == 1 else "trials"
+        rest = (f"room for ~{min(fits, budget_left)} of the {budget_left} {trials} left" if budget_left
                 else "the budget is spent")
         return (f"time left {duration(self.remaining())}: a trial needs at least ~{duration(each)} (launch "
                 f"~{duration(self.launch_s())}, {measured}; its first deciding level ~{duration(first_level_s)}), "

@@ -96,6 +96,8 @@ def test_a_levels_requests_fit_its_time_its_share_and_leave_room_for_the_trials_
     # with 300 s left only 2 of them fit at all: room is kept for those 2
     assert allowed.level_size(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5,
                               decided=True) == NotStarted("going on would leave the 2 trials left less than they need")
+    assert allowed.level_size(now=850, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5,
+                              decided=True) == NotStarted("going on would leave the trial left less than it needs")
     assert allowed.level_size(now=700, end=1000, rate_per_s=10, cap=600, least=300, drain_s=5) == 600  # the first
     # the last trial, or one after which no other fits, uses the rest
     assert TrialTime(deadline=1000.0).refines(now=0, end=1000)
@@ -115,6 +117,7 @@ def test_the_plan_says_what_the_time_left_affords():
     assert plan.describe(30, 3) == ("time left 10m00s: a trial needs at least ~2m40s (launch ~2m00s, guessed; its "
                                     "first deciding level ~30s), room for ~3 of the 3 trials left")
     assert plan.describe(30, 0, reserve_s=90).endswith("the budget is spent; 1m30s kept for the head-to-head")
+    assert plan.describe(30, 1).endswith("room for ~1 of the 1 trial left")
     # 5 minutes: the first trial's cold launch (2m40s with its level), then a warm one (1m40s)
     assert TimePlan(limit_s=300, device="cpu", clock=SimClock()).describe(30, 3).endswith("room for ~2 of the 3 "
                                                                                           "trials left")
