@@ -61,7 +61,7 @@ class BenchArgs(_Args):
     """`servetune bench`: drive load against a vLLM server (running, or launched with --launch) and report its
     metrics."""
 
-    model: Annotated[str, Option(metavar="MODEL", rich_help_panel=SERVER_PANEL,
+    model: Annotated[str, Option("--model", metavar="MODEL", rich_help_panel=SERVER_PANEL,
                                  help="Served model name; with --launch, the model's directory (or hub name).")]
     base_url: Annotated[Optional[str], Option(metavar="URL", rich_help_panel=SERVER_PANEL,
                                               help="A running OpenAI-compatible server.")] = None
@@ -376,7 +376,7 @@ class VerifyArgs(_Args):
     model: Annotated[Optional[str], Option(metavar="PATH", help="Model directory (or hub name) to serve.")] = None
     workload: Annotated[Optional[Path], Option(metavar="PATH", help="Workload YAML file: the prompts' lengths, "
                                                                     "burstiness, max_concurrency, endpoint.")] = None
-    rate: Annotated[Optional[float], Option(metavar="RATE", help="Request rate (req/s).")] = None
+    rate: Annotated[Optional[float], Option("--rate", metavar="RATE", help="Request rate (req/s).")] = None
     slo: Annotated[list[str], Option("--slo", metavar="NAME=MS", help=SLO_HELP)] = []
     num_prompts: Annotated[int, Option(
         min=1, metavar="N", help="Requests each client sends; servetune's statistical test of a TTFT, TPOT or E2EL "

@@ -144,3 +144,16 @@ def test_a_time_limit_that_cannot_hold_a_launch_or_repeats_a_unit_is_refused(tin
     with pytest.raises(UsageError) as refused:
         DemoArgs(out=tmp_path, time_limit=given).limit_s()
     assert str(refused.value) == message
+
+
+def test_an_option_whose_metavar_is_its_name_names_its_flag():
+    # typer 0.27 (the H200 machine's) reads Option(metavar="MODEL") on a field `model` as the flag --MODEL: `servetune
+    # bench --model` was "No such option" there. Such an option names its flag itself.
+    tree = ast.parse((SRC / "options.py").read_text())
+    unnamed = []
+    for field in (n for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)):
+        for call in (n for n in ast.walk(field.annotation) if isinstance(n, ast.Call)):
+            metavar = next((k.value.value for k in call.keywords if k.arg == "metavar"), None)
+            if metavar == field.target.id.upper() and not call.args:
+                unnamed.append(field.target.id)
+    assert unnamed == []
