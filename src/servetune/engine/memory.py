@@ -43,6 +43,7 @@ CPU_NON_TORCH_BYTES = 720 * MiB
 DEFAULT_HEADROOM_BYTES = 2 * GiB  # device memory left outside vLLM's budget by choose_gpu_memory_utilization
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")  # as Mixtral, Qwen-MoE, DeepSeek name them
 _SAFETENSORS_FLOATS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 
 
@@ -62,6 +63,8 @@ class ModelShape:
     param_count: int  # floating-point parameters, stored at the serving dtype
     packed_weight_bytes: int = 0  # non-float tensors (quantized packs, fp8), kept as stored
     name: str = ""
+    tied_embeddings: bool = False  # the output layer is the input embedding
+    experts: int = 0  # routed experts per layer (0: a dense model)
 
     @classmethod
     def from_path(cls, path: str | Path) -> "ModelShape":
@@ -86,8 +89,8 @@ class ModelShape:
         kv_heads = text.get("num_key_value_heads") or heads
         head_dim = text.get("head_dim") or hidden // heads
         intermediate, vocab = text["intermediate_size"], text["vocab_size"]
+        tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
         if param_count is None:
-            tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
             layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * intermediate + 2 * hidden
             param_count = vocab * hidden * (1 if tied else 2) + layers * layer + hidden
         return cls(
@@ -103,6 +106,8 @@ class ModelShape:
             param_count=param_count,
             packed_weight_bytes=packed_weight_bytes,
             name=name or str(config.get("_name_or_path", "")),
+            tied_embeddings=tied,
+            experts=int(next((text[k] for k in _EXPERT_KEYS if text.get(k)), 0)),
         )
 
 
@@ -353,10 +358,10 @@ def resolve_engine_args(shape: ModelShape, device: Device, engine_args: Mapping[
 def _plan(shape: ModelShape, device: Device, engine_args: Mapping[str, Any]) -> _Plan:
     args = resolve_engine_args(shape, device, engine_args)
     tp = args["tensor_parallel_size"]
-    dtype_bytes = _serving_dtype_bytes(shape.dtype, args["dtype"])
-    kv_dtype_bytes = _kv_dtype_bytes(args["kv_cache_dtype"], dtype_bytes)
+    dtype_bytes = serving_dtype_bytes(shape.dtype, args["dtype"])
+    kv_bytes = kv_dtype_bytes(args["kv_cache_dtype"], dtype_bytes)
     kv_heads = max(shape.num_kv_heads // tp, 1)
-    block_bytes = shape.num_layers * 2 * args["block_size"] * kv_heads * shape.head_dim * kv_dtype_bytes
+    block_bytes = shape.num_layers * 2 * args["block_size"] * kv_heads * shape.head_dim * kv_bytes
     width = shape.hidden_size + 2 * shape.intermediate_size / tp
     explicit = args.get("kv_cache_memory_bytes")
     if device.kind == DeviceKind.CPU and explicit is None and args.get(CPU_KVCACHE_SPACE) is not None:
@@ -402,14 +407,14 @@ def _blocks_for_tokens(kv_cache_tokens: int, blocks_per_request: int, max_model_
     return n
 
 
-def _serving_dtype_bytes(checkpoint_dtype: str, dtype_arg: str) -> int:
+def serving_dtype_bytes(checkpoint_dtype: str, dtype_arg: str) -> int:
     """vLLM's --dtype: "auto" serves the checkpoint dtype, but float32 checkpoints in 16 bits."""
     name = checkpoint_dtype if dtype_arg == "auto" else dtype_arg
     size = _DTYPE_BYTES[name.removeprefix("torch.")]
     return 2 if dtype_arg == "auto" and size == 4 else size
 
 
-def _kv_dtype_bytes(kv_cache_dtype: str, dtype_bytes: int) -> int:
+def kv_dtype_bytes(kv_cache_dtype: str, dtype_bytes: int) -> int:
     if kv_cache_dtype == "auto":
         return dtype_bytes
     if kv_cache_dtype.startswith("fp8") or kv_cache_dtype == "int8":
