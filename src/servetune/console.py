@@ -243,6 +243,8 @@ def show_answer(summary: "Summary", out: Path) -> None:
     for name, entry in _answer_rows(summary):
         whole(f"{name} (trial {entry.trial}): {' '.join(to_argv(entry.config)) or '(vLLM defaults)'}")
     say(summary.answer)
+    if summary.limit_line:
+        say(summary.limit_line)
     whole(f"report: {out / 'report.html'}")
     if summary.best is not None:
         whole(f"run it: {summary.best_command}")

@@ -26,7 +26,8 @@ def level(name: str, rate: float, capacity: float, tpot0: float, ttft0: float, s
     ttft = ttft0 * 40 if math.isinf(rate) else ttft0 / (1 - load)
     metrics = {"request_throughput": capacity if math.isinf(rate) else rate * 0.99, "completed": 300, "failed": 0,
                "p99_ttft_ms": ttft, "p99_tpot_ms": tpot0 * (1 + 2 * load**3), "mean_ttft_ms": ttft / 3,
-               "mean_tpot_ms": tpot0, "steady_request_rate": min(rate, capacity)}
+               "mean_tpot_ms": tpot0, "steady_request_rate": min(rate, capacity),
+               "output_throughput": 256 * (capacity if math.isinf(rate) else rate * 0.99)}  # replies of 256 tokens
     reasons = [f"{k} {metrics['p99_' + k.split('_')[0] + '_ms']:.1f} > {v:g}" for k, v in slo.items()
                if metrics["p99_" + k.split("_")[0] + "_ms"] > v]
     return outcomes.level(name, rate, passed=not reasons, reasons=reasons,

@@ -28,6 +28,7 @@ def publish(results: Results, out: Path) -> Path:
     figures = {
         "pareto": charts.pareto(results),
         "load": charts.load_curves(results),
+        "tokens": charts.tokens_pareto(results),
         "effects": charts.param_effects(results, importance),
         "importance": charts.importance_bars(importance) if importance else None,
     }

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
+from servetune.engine.roofline import gpus_of
 from servetune.measure.slo import Latency, Objective, headline_latencies
 from servetune.study.results import Results, TrialRow
 from servetune.workload import RateUnit
@@ -180,6 +181,59 @@ def _load_legend(default: int | None, best: int | None) -> list[Line2D]:
         Line2D([], [], color="#475569", marker="o", markerfacecolor="white", linestyle="", label="missed them"),
         Line2D([], [], color="#475569", marker="D", linestyle="", label="capacity (all at once)"),
     ]
+
+
+def tokens_pareto(results: Results) -> Figure | None:
+    """Output tokens/s per user (1000 / mean TPOT) against output tokens/s per GPU, a point per measured load level of
+    every config (filled: it passed its SLOs), the front of the levels no other beats on both, and each bound the
+    roofline gives the recommended config (`study.limits`). None without a level that finished requests."""
+    (rows, default, best), summary = _marked(results), results.summary
+    points = [(level.metrics.output_throughput / gpus_of(row.config), 1000 / level.metrics.mean_tpot_ms,
+               level.passed, row.trial) for row in rows for level in row.levels
+              if level.metrics.completed and level.metrics.mean_tpot_ms > 0 and level.metrics.output_throughput > 0]
+    if not points:
+        return None
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(6.8, 4.4), layout="constrained")
+        ax = fig.subplots()
+        for x, y, passed, trial in sorted(points, key=lambda p: (p[3] == best, p[3] == default)):
+            color = BEST if trial == best else DEFAULT if trial == default else "#3b82f6"
+            ax.scatter(x, y, s=34, color=color if passed else "white", edgecolor=color, linewidth=1.2, zorder=3)
+        front: list[tuple[float, float]] = []
+        for x, y, *_ in sorted(points, key=lambda p: (-p[0], -p[1])):
+            if not front or y > front[-1][1]:
+                front.append((x, y))
+        ax.plot(*zip(*front), drawstyle="steps-pre", color=FRONT, linewidth=1.6, zorder=2, label="Pareto front")
+        chosen = next((r for r in rows if r.trial == best), None)
+        for per_gpu, style, label, y in _roofline_lines(chosen, summary):
+            ax.axvline(per_gpu, color=SLO, linestyle=style, linewidth=1.2)
+            ax.annotate(f"{label}: {per_gpu:,.0f}", (per_gpu, y), xycoords=("data", "axes fraction"),
+                        xytext=(-4, 4 if y == 0 else -12), textcoords="offset points", ha="right", color=SLO,
+                        fontsize=8)
+        ax.set_xlabel("output tokens/s per GPU")
+        ax.set_ylabel("output tokens/s per user (1000 / mean TPOT)")
+        ax.set_title("Tokens per user against tokens per GPU, every load level")
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        handles = [Line2D([], [], marker="o", linestyle="", color=c, label=label) for c, label in
+                   ((BEST, "recommended"), (DEFAULT, "vLLM's defaults"), ("#3b82f6", "other config"))]
+        handles += [Line2D([], [], marker="o", linestyle="", color="#6b7280", markerfacecolor="white",
+                           label="level failed its SLOs"), Line2D([], [], color=FRONT, label="Pareto front")]
+        fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)
+    return fig
+
+
+def _roofline_lines(row: TrialRow | None, summary) -> list[tuple[float, str, str, float]]:
+    """The recommended config's bounds in output tokens/s per GPU, as (x, line style, label, label's height): within
+    the SLOs, and without them where that is higher."""
+    if row is None or not row.limit.bound_rate or not summary.roofline or not summary.roofline.work:
+        return []
+    gpus = gpus_of(row.config)
+    within = row.limit.bound_rate * summary.roofline.work["output"] / gpus
+    lines = [(within, "--", "roofline within the SLOs", 0.0)]
+    if row.limit.peak_tokens_per_s and row.limit.peak_tokens_per_s / gpus > 1.01 * within:
+        lines.append((row.limit.peak_tokens_per_s / gpus, ":", "roofline without SLOs", 1.0))
+    return lines
 
 
 def param_effects(results: Results, importance: dict[str, float]) -> Figure | None:

@@ -51,6 +51,7 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     env.filters |= {"num": number, "flags": flags, "pct": lambda v: "–" if v is None else f"{v:+.0%}",
+                    "share": lambda v: "–" if v is None else f"{v:.0%}",
                     "pairs": lambda params: " ".join(f"{k}={v}" for k, v in params.items())}
     meta, summary = results.meta, results.summary
     best, default = summary.best, summary.default
@@ -73,4 +74,5 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
         best_command=command(meta.model, best.config) if best else None,
         workload=yaml.safe_dump(meta.workload, sort_keys=False), per_turn=per_turn,
         latencies=headline_latencies(meta.slos), goodput=meta.objective == Objective.GOODPUT,
+        price=meta.gpu_hour_price,
     )

@@ -216,6 +216,11 @@ class StudyMeta(_Stored):
     tokenizer: str | None = None
     confirm: bool | None = None
     min_model_len: int | None = None
+    device_name: str | None = None  # as vLLM names the device, e.g. "NVIDIA H200"
+    model_shape: dict[str, Any] | None = None  # `engine.memory.ModelShape` (None: the model's config was not read)
+    work: dict[str, float] | None = None  # `engine.roofline.Work`: the workload's mean reply, prefill, context
+    gpu_hour_price: float | None = None
+    offered: dict[str, str] | None = None  # knobs searched for this workload and GPU, and why (`search.offer`)
 
     @property
     def rate_unit(self) -> RateUnit:

@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from servetune.engine import serve_command
 from servetune.engine.args import CPU_KVCACHE_SPACE, to_argv
+from servetune.engine.roofline import cost_per_million_tokens, gpus_of
 from servetune.jsonio import write_atomic, write_json
 from servetune.measure.slo import Objective, Slos, headline_latencies, parse_slo
+from servetune.study.limits import NO_LIMIT, Limit, Limits, Roofline
 from servetune.study.outcome import LevelOutcome, TrialStatus, headline_level, said_at
 from servetune.study.record import (
     HeadToHead,
@@ -58,6 +60,7 @@ class TrialRow(_Frozen):
     rejected_requests: int | None
     why: str | None
     value: float | None  # the objective's value told to the study (None unless it completed)
+    limit: Limit = NO_LIMIT  # against its devices' limit (`study.limits`): columns of their own in trials.csv
     params: dict[str, Any] = Field(default={}, exclude=True)  # the searched knobs' values
     levels: list[LevelOutcome] = Field(default=[], exclude=True)
     log_path: str | None = Field(default=None, exclude=True)
@@ -83,9 +86,9 @@ class TrialRow(_Frozen):
         return said_at(self.levels, high) if high is not None else None
 
 
-def trial_row(t: RecordedTrial, slo: Slos, out_dir: Path | None = None) -> TrialRow:
+def trial_row(t: RecordedTrial, slo: Slos, out_dir: Path | None = None, limits: Limits | None = None) -> TrialRow:
     """A measured trial's row, with the p99s of the latencies `slo` bounds; `out_dir`: the study's output directory,
-    for the path of a failed trial's log."""
+    for the path of a failed trial's log; `limits`: the study's roofline, to place the config against."""
     out = t.outcome
     assert out is not None  # a measured trial's
     startup = out.startup
@@ -98,7 +101,9 @@ def trial_row(t: RecordedTrial, slo: Slos, out_dir: Path | None = None) -> Trial
         slo_p99={lat.slo: lat.p99(headline.metrics) if headline else None for lat in headline_latencies(slo)},
         preemptions=out.preemptions, kv_cache_tokens=startup.kv_cache_tokens if startup else None,
         ready_s=startup.ready_s if startup else None, failure=str(out.failure) if out.failure else None,
-        rejected_requests=out.rejected_requests, why=t.record.why, value=t.objective_value, params=t.params,
+        rejected_requests=out.rejected_requests, why=t.record.why, value=t.objective_value,
+        limit=limits.of(out.config, startup.kv_cache_tokens if startup else None, out.goodput_rate, out.levels)
+        if limits else NO_LIMIT, params=t.params,
         levels=out.levels, log_path=str(out_dir / (out.artifacts or "") / log) if log and out_dir else None,
         model_len_reason=t.record.model_len_reason)
 
@@ -158,6 +163,7 @@ class SummaryEntry(_Frozen):
     slo_p99: dict[str, float | None]  # the p99 (ms) of each latency the SLOs bound, keyed as `slo`
     trial: int
     goodput_bracket: list[float | None] | None
+    limit: Limit = NO_LIMIT  # its own goodput rate's (the head-to-head's decided rates: `Summary.limit_line`)
 
     @classmethod
     def of(cls, row: TrialRow | None) -> "SummaryEntry | None":
@@ -288,6 +294,7 @@ class Summary(_Frozen):
     best_command: str | None = None  # with a best config only, as `headroom`
     headroom: Headroom | None = None
     time: TimeSpent | None = None
+    roofline: Roofline | None = None
     answer: str = ""
 
     @model_serializer(mode="wrap")
@@ -318,6 +325,30 @@ class Summary(_Frozen):
         decided = self._head_to_head()
         return decided.default_goodput_rate if decided else self.default.rate(self.objective)
 
+    @property
+    def limit_line(self) -> str:
+        """Where the answer stands against its devices' limit and what it costs, in a sentence ('' with no roofline):
+        at the decided rates, as the answer states them."""
+        roofline = self.roofline
+        if roofline is None:
+            return ""
+        rows = [(name, entry, rate) for name, entry, rate in (("vLLM's defaults", self.default, self.default_rate),
+                                                              ("the pick", self.best, self.recommended_rate))
+                if entry is not None and (name == "vLLM's defaults" or self.best_beats_default)]
+        text = ""
+        if roofline.accelerator is None:
+            text = f"Roofline: {roofline.note}."
+        elif shares := [_share(name, e.limit, rate, self.rate_unit) for name, e, rate in rows if e.limit.bound_rate]:
+            text = f"Against the SLO-aware roofline of {roofline.accelerator}: {'; '.join(shares)}."
+        if roofline.gpu_hour_price is not None and roofline.work:
+            output = roofline.work["output"]
+            costs = [f"{name} ${cost:.2f}" for name, e, rate in rows if rate and (
+                cost := cost_per_million_tokens(roofline.gpu_hour_price, gpus_of(e.config), rate * output))]
+            if costs:
+                text += (f" A million output tokens at ${roofline.gpu_hour_price:g} per GPU-hour: "
+                         f"{', '.join(costs)}.")
+        return text.strip()
+
     def _head_to_head(self) -> HeadToHead | None:
         """The confirmation whose rates are the decided ones: a goodput study's, made by a method (older studies
         kept a pooled record without one)."""
@@ -327,8 +358,22 @@ class Summary(_Frozen):
         return None
 
 
-def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial], rows: list[TrialRow]) -> Summary:
-    """The summary of a study (`Summary`) from its rows (`trial_row` of every measured trial)."""
+def _share(name: str, limit: Limit, rate: float | None, unit: str) -> str:
+    """Where one config stands against its bound: its decided rate's share, else its most measured tokens/s'."""
+    bound = limit.bound_rate
+    assert bound is not None  # `Summary.limit_line` asks only where there is a bound
+    if rate:
+        return f"{name} {rate / bound:.0%} of the {bound:.2f} {unit} it allows ({limit.limited_by})"
+    if limit.output_tokens_per_s and limit.peak_tokens_per_s:
+        return (f"{name} hold no rate (bound {bound:.2f} {unit}); their most, {limit.output_tokens_per_s:,.0f} "
+                f"output tokens/s, is {limit.tokens_efficiency:.0%} of the {limit.peak_tokens_per_s:,.0f} it allows "
+                f"without SLOs")
+    return f"{name} hold no rate (bound {bound:.2f} {unit})"
+
+
+def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial], rows: list[TrialRow],
+              roofline: Roofline | None = None) -> Summary:
+    """The summary of a study (`Summary`) from its rows (`trial_row` of every measured trial) and its `roofline`."""
     default, best, significant = choose_best(rows, meta.objective)
     gain = (best.value / default.value - 1) if best and best.value and default and default.value else None
     confirmation = record.confirmation
@@ -348,7 +393,7 @@ def summarize(meta: StudyMeta, record: StudyRecord, trials: list[RecordedTrial],
         vllm_version=meta.vllm_version, device=meta.device,
         best_command=serve_command(meta.model, best.config) if best is not None else None,
         headroom=headroom(meta, best.config, best.model_len_reason) if best is not None else None,
-        time=time_spent(record, progress))
+        time=time_spent(record, progress), roofline=roofline)
     return result.model_copy(update={"answer": answer(result, rows)})
 
 
@@ -482,9 +527,10 @@ class Results:
         self.meta = record.meta
         trials = record.trials()
         out_dir = Path(self.meta.out)
-        self.rows = [trial_row(t, self.meta.slos, out_dir) for t in trials if t.measured]
+        limits = Limits(self.meta)
+        self.rows = [trial_row(t, self.meta.slos, out_dir, limits) for t in trials if t.measured]
         self.unmeasured = unmeasured(trials)
-        self.summary = summarize(self.meta, record, trials, self.rows)
+        self.summary = summarize(self.meta, record, trials, self.rows, limits.roofline)
 
 
 def write_outputs(results: Results, out: Path) -> None:
@@ -497,11 +543,14 @@ def write_outputs(results: Results, out: Path) -> None:
         write_atomic(out / "best_command.sh", f"#!/bin/sh\n# servetune: the best config found\n{note}exec "
                                               f"{summary.best_command}\n", mode=0o755)
     table = io.StringIO()
-    columns = [name for name, field in TrialRow.model_fields.items() if not field.exclude and name != "slo_p99"]
-    writer = csv.DictWriter(table, fieldnames=columns + list(rows[0].slo_p99) if rows else ["trial"])
+    nested = {"slo_p99", "limit"}
+    columns = [name for name, field in TrialRow.model_fields.items() if not field.exclude and name not in nested]
+    writer = csv.DictWriter(table, fieldnames=columns + list(Limit.model_fields) + list(rows[0].slo_p99) if rows
+                            else ["trial"])
     writer.writeheader()
-    for row in rows:  # a column per SLO's p99, after the fixed ones
-        writer.writerow({k: _csv(v) for k, v in (row.model_dump(exclude={"slo_p99"}) | row.slo_p99).items()})
+    for row in rows:  # the limit's columns, then one per SLO's p99, after the fixed ones
+        values = row.model_dump(exclude=nested) | row.limit.model_dump() | row.slo_p99
+        writer.writerow({k: _csv(v) for k, v in values.items()})
     write_atomic(out / "trials.csv", table.getvalue())
     write_json(out / "summary.json", summary.model_dump())
 
