@@ -79,6 +79,11 @@ KNOBS = (
              default_cpu="auto", default_gpu="auto", option="kv_cache_dtype"),
     KnobSpec("max_cudagraph_capture_size", "the largest batch captured as a CUDA graph", cpu=(128, 256, 512),
              gpu=(128, 256, 512), option="cudagraph_capture"),
+    KnobSpec("performance_mode", "GPU: vLLM's preset of scheduling for throughput or interactivity (where vLLM has "
+             "it)", kind="text", gpu=("balanced", "throughput", "interactivity"), default_gpu="balanced",
+             option="performance_mode"),
+    KnobSpec("stream_interval", "GPU: tokens a streamed chunk carries (offered only under an ITL SLO, which measures "
+             "each chunk's gap)", gpu=(1, 8), default_gpu=1, option="stream_interval"),
     KnobSpec("tensor_parallel_size", "GPUs a config shards the model over", cpu=(1, 2, 4, 8), gpu=(1, 2, 4, 8),
              default_cpu=1, default_gpu=1, option="tensor_parallel_size"),
     KnobSpec("max_model_len", "tokens of context a config serves: the model's, tightened where that pays "

@@ -216,6 +216,11 @@ class TuneArgs(_Args):
         help="Configs launch with the model's own context; where servetune tightens max-model-len (no "
              "chunked prefill, a KV cache too small for the context), never below this many tokens.")] = None
 
+    gpu_hour_price: Annotated[Optional[float], Option(
+        metavar="USD", rich_help_panel=MODEL_PANEL,
+        help="What one GPU costs an hour: each config's cost per million output tokens at its goodput rate "
+             "(summary.json, the report).")] = None
+
     def resolve(self) -> "TuneOptions":
         """Every option checked: the model directory, workload file, `key=value` SLOs and engine args, reference
         config files, strategy, objective, the time limit and the levels' request timeout."""
@@ -246,7 +251,7 @@ class TuneArgs(_Args):
             resume=self.resume, engine_args=engine_args(self.engine_arg), references=references,
             optional_knobs=tuple(self.knob), tokenizer=self.tokenizer, levels=levels, seed=self.seed,
             parallel=self.parallel, ray_address=self.ray_address, confirm=self.confirm, time_limit_s=time_limit_s,
-            min_model_len=self.min_model_len)
+            min_model_len=self.min_model_len, gpu_hour_price=self.gpu_hour_price)
         check_timeout(opts.levels.request_timeout_s)
         self._check_study()
         return opts

@@ -41,6 +41,10 @@ class MemoryCheck:
         estimate = predict(self.shape, self.device, config, self.calibration)
         return None if estimate.fits else estimate.reason
 
+    def kv_cache_tokens(self, config: dict[str, Any]) -> int:
+        """The KV cache vLLM will log for `config` (predicted)."""
+        return predict(self.shape, self.device, config, self.calibration).kv_cache_tokens
+
     def longest_fitting(self, config: dict[str, Any]) -> int:
         """The longest max-model-len of which the KV cache of `config` holds one sequence (predicted; vLLM
         refuses to start above it); on a GPU without a gpu_memory_utilization, at the highest

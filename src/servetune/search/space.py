@@ -105,6 +105,7 @@ def build_space(
     context: int = 0,
     optional: Iterable[str] = (),
     fixed: Mapping[str, Any] | None = None,
+    offered: Mapping[str, tuple] | None = None,
 ) -> SearchSpace:
     """The procedure's knobs for a workload whose configs get `max_model_len` where tightening pays (what
     its longest request needs, at least the user's floor: `workload.fit.ModelLenBounds.tightened`), for a
@@ -113,7 +114,8 @@ def build_space(
     max_model_len is rounded up to the block size (at most the context); the ladder of
     max_num_batched_tokens takes it as the whole-prompt size. Knobs the installed vLLM does not accept are
     dropped; knobs named in `fixed` (the user's --engine-arg) are not searched, and a fixed max_model_len
-    is every config's.
+    is every config's. `offered` (`search.offer.Offer.values`): knobs to search with these values, optional ones
+    added as if named, searched ones with their values replaced.
     """
     fixed = dict(fixed or {})
     mml = round_up(max_model_len, BLOCK_SIZE)
@@ -122,7 +124,20 @@ def build_space(
     for name in optional:
         if name not in OPTIONAL:
             raise ServetuneError(f"unknown optional knob {name!r}; choose from {', '.join(OPTIONAL)}")
+        if OPTIONAL[name].arg != CPU_KVCACHE_SPACE and not vllm.accepts(OPTIONAL[name].arg):
+            raise ServetuneError(f"--knob {name}: vLLM {vllm.version} has no --{OPTIONAL[name].arg.replace('_', '-')}")
+    offered = dict(offered or {})
     declared = [k for k in KNOBS if k.option is None] + [OPTIONAL[name] for name in optional]
-    knobs = [Knob(k.arg, values) for k in declared if (values := k.values(vllm.on_cpu, mml))]
+    declared += [k for k in KNOBS if k.arg in offered and k not in declared]
+    knobs = [Knob(k.arg, _listed(vllm, k.arg, offered.get(k.arg) or k.values(vllm.on_cpu, mml))) for k in declared]
+    knobs = [k for k in knobs if k.choices]
     kept = tuple(k for k in knobs if k.name not in fixed and (k.name == CPU_KVCACHE_SPACE or vllm.accepts(k.name)))
     return SearchSpace(kept, fixed, mml, context)
+
+
+def _listed(vllm: InstalledVllm, arg: str, values: tuple) -> tuple:
+    """`values` that vLLM lists among the choices of `arg` (all of them where it lists none); none where fewer than two
+    of several are left (nothing to search)."""
+    choices = vllm.flags.get(arg, {}).get("choices")
+    listed = tuple(v for v in values if not choices or v in choices)
+    return listed if len(listed) == len(values) or len(listed) > 1 else ()

@@ -8,7 +8,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,15 @@ from optuna.trial import TrialState
 from servetune import __version__
 from servetune.engine import InstalledVllm
 from servetune.engine.memory import ModelShape
+from servetune.engine.roofline import ModelCost, Work, accelerator, bound
 from servetune.errors import ServetuneError
 from servetune.executors import Executor, Job, make_executor
 from servetune.jsonio import check_writable
-from servetune.measure.slo import NO_SLO, Objective, Slos
+from servetune.measure.slo import ITL, NO_SLO, TPOT, Objective, Slos
 from servetune.measure.verdict import Decision
 from servetune.report import publish
 from servetune.search.feasibility import MemoryCheck
+from servetune.search.offer import Offer, offer
 from servetune.search.ruleout import prefill_cost, ruled_out
 from servetune.search.space import SearchSpace, build_space
 from servetune.search.strategies import REGISTRY, Strategy, make_strategy, suggest
@@ -104,6 +106,7 @@ class TuneOptions:
     confirm: bool = True  # the head-to-head of the pick against the defaults at the pick's rate
     time_limit_s: float | None = None  # wall-clock budget of the whole tune, launches and head-to-head included
     min_model_len: int | None = None  # the floor of a tightened max-model-len (`workload.fit.ModelLenBounds`)
+    gpu_hour_price: float | None = None  # what one GPU costs an hour: each config's cost per million output tokens
 
     def __post_init__(self) -> None:
         if self.min_model_len is not None and self.min_model_len < 1:
@@ -112,6 +115,8 @@ class TuneOptions:
             raise ServetuneError(f"unknown objective {self.objective!r}; use goodput or throughput")
         if self.objective == Objective.GOODPUT and not self.slo:
             raise ServetuneError("the goodput objective needs at least one --slo (e.g. --slo tpot_p99_ms=50)")
+        if self.gpu_hour_price is not None and not (0 < self.gpu_hour_price < float("inf")):
+            raise ServetuneError(f"--gpu-hour-price must be a price above 0, not {self.gpu_hour_price:g}")
 
     def defining(self) -> dict[str, Any]:
         """What defines the study (`study.storage.DEFINING`), as its meta stores it."""
@@ -152,6 +157,8 @@ def tune(opts: TuneOptions, hooks: Hooks = Hooks(), executor: Executor | None = 
         more = MorePrompts(opts.workload, str(opts.tokenizer or opts.model), seed=opts.workload.seed + 2000,
                            longest=max(r.min_model_len for s in sets for r in s), build=runtime.build_requests)
         proposer = Proposer.open(opts, executor, sets, model_len, runtime.storage, more)
+        if proposer.offered.why:
+            hooks.note(f"also searched, for this workload and GPU: {proposer.offered}")
         time_plan = TimePlan(opts.time_limit_s, device=proposer.vllm.kind, budget_trials=opts.budget,
                              clock=runtime.clock, started=started)
         tuner = Tuner(proposer=proposer, running=Dispatch(executor), hooks=hooks, time_plan=time_plan,
@@ -220,6 +227,33 @@ def _model_len(opts: TuneOptions, sets: list[list[RequestSpec]], tokenizer: Any)
                           max_chars_per_token=max_chars_per_token(tokenizer))
 
 
+def _shape(model: str) -> dict[str, Any] | None:
+    """The model's shape as the roofline reads it (`engine.memory.ModelShape`); None where its config is not read."""
+    try:
+        return asdict(ModelShape.from_path(model))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _work(spec: WorkloadSpec, requests: list[RequestSpec]) -> Work:
+    """What the workload's requests ask of a server on average (`engine.roofline.Work`)."""
+    return Work.of(((r.prompt_len, r.output_len) for r in requests), shared=spec.prefix.length if spec.prefix else 0,
+                   cached_prompts=spec.sessions is not None)
+
+
+def _offer(opts: TuneOptions, vllm: InstalledVllm, memory: MemoryCheck | None, work: Work) -> Offer:
+    """The knobs worth searching on this GPU for this workload (`search.offer`), from the roofline at vLLM's
+    defaults' KV cache as the memory model predicts it; none on CPU, for a trace, or where there is no bound."""
+    device = accelerator(vllm.device_name)
+    if vllm.on_cpu or memory is None or device is None or memory.shape.experts or opts.workload.trace:
+        return Offer()
+    steps = [b for b in (opts.slo.bound(TPOT), opts.slo.bound(ITL)) if b is not None]
+    defaults = dict(opts.engine_args)
+    at_defaults = bound(device, ModelCost.of(memory.shape, defaults), work, min(steps) if steps else None,
+                        memory.kv_cache_tokens(defaults))
+    return offer(vllm.flags, at_defaults, work, ITL in opts.slo)
+
+
 @dataclass
 class Launch:
     """A config to run: the job, and the study's trial it is told to."""
@@ -254,6 +288,7 @@ class Proposer:
     vllm: InstalledVllm
     misfit: Callable[[Job], str | None]  # the executor's: why a job can never run there
     typical_prompt: int
+    offered: Offer = Offer()  # knobs searched for this workload and GPU (`search.offer`)
 
     @classmethod
     def open(cls, opts: TuneOptions, executor: Executor, sets: list[list[RequestSpec]], model_len: ModelLenBounds,
@@ -261,15 +296,19 @@ class Proposer:
         """Probe vLLM, build the search space, open (or resume) the study with its meta and queue the defaults
         and the reference configs it has not measured yet; `more` builds prompts past the pool `sets`."""
         vllm = executor.probe()
-        space = build_space(vllm, model_len.tightened, context=model_len.context, optional=opts.optional_knobs,
-                            fixed=opts.engine_args)
         memory = MemoryCheck.for_model(opts.model, vllm)
+        work = _work(opts.workload, sets[0])
+        offered = _offer(opts, vllm, memory, work)
+        space = build_space(vllm, model_len.tightened, context=model_len.context, optional=opts.optional_knobs,
+                            fixed=opts.engine_args, offered=offered.values)
         if memory is not None and not vllm.on_cpu:  # chosen per config by the memory model, not searched
             space = SearchSpace(tuple(k for k in space.knobs if k.name != "gpu_memory_utilization"), space.fixed,
                                 space.max_model_len, space.context)
         meta = StudyMeta(**opts.defining(), budget=opts.budget, space=space.to_dict(),
                          model_len=model_len.model_dump(), servetune_version=__version__, vllm_version=vllm.version,
-                         device=vllm.device_type, out=str(opts.out.resolve()))
+                         device=vllm.device_type, out=str(opts.out.resolve()), device_name=vllm.device_name or None,
+                         model_shape=_shape(opts.model), work=work.to_dict(), gpu_hour_price=opts.gpu_hour_price,
+                         offered=offered.why or None)
         strategy = make_strategy(opts.strategy, space, opts.budget, opts.seed,
                                  constrained=opts.objective == Objective.THROUGHPUT and bool(opts.slo),
                                  slo=opts.slo)
@@ -285,7 +324,8 @@ class Proposer:
         plan = TrialPlan(model=opts.model, workload=opts.workload, slo=opts.slo, objective=opts.objective,
                          level_sets=sets, levels=opts.levels, more=more)
         return cls(record=record, strategy=strategy, space=space, plan=plan, opts=opts, memory=memory, vllm=vllm,
-                   misfit=executor.misfit, typical_prompt=int(statistics.median(r.prompt_len for r in sets[0])))
+                   misfit=executor.misfit, typical_prompt=int(statistics.median(r.prompt_len for r in sets[0])),
+                   offered=offered)
 
     @property
     def study(self) -> optuna.Study:

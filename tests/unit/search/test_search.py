@@ -373,7 +373,8 @@ def test_a_knob_is_declared_once_for_the_space_the_procedure_and_the_memory_mode
     gpu = build_space(InstalledVllm("0.24.0", "cuda", FLAGS), 1000, optional=["block_size"])
     assert [k.name for k in SPACE.knobs] == [k.arg for k in KNOBS if k.option is None and k.values(True, 1008)]
     assert gpu.knob("block_size").choices == knob("block_size").gpu and gpu.knob("cpu_kvcache_space_gib") is None
-    assert list(OPTIONAL) == ["block_size", "kv_cache_dtype", "cudagraph_capture", "tensor_parallel_size"]
+    assert list(OPTIONAL) == ["block_size", "kv_cache_dtype", "cudagraph_capture", "performance_mode",
+                              "stream_interval", "tensor_parallel_size"]
     with pytest.raises(ServetuneError, match="choose from block_size, kv_cache_dtype"):
         build_space(CPU, 1000, optional=["colour"])
     assert first_rung()["max_num_batched_tokens"] == 512

@@ -1,5 +1,8 @@
 """The tuner's proposer alone, on an in-memory study: what it launches, and what it skips with which reason."""
 
+from dataclasses import replace
+from pathlib import Path
+
 import optuna
 from optuna.trial import TrialState
 
@@ -123,3 +126,21 @@ def test_nothing_is_proposed_when_the_strategy_has_nothing_left(tmp_path):
     p = proposer(tmp_path, strategy="seed", space=SearchSpace((), SPACE.fixed, SPACE.max_model_len, SPACE.context))
     finish(p, p.next())
     assert p.next() is None and len(p.study.trials) == 1
+
+
+def test_a_gpu_tune_offers_the_knobs_its_workload_and_roofline_call_for_and_a_cpu_tune_none():
+    from servetune.engine.roofline import Work
+    from servetune.testing.installed import VLLM_CPU, VLLM_H200
+    from servetune.tuner.loop import _offer
+    from support.shapes import LLAMA3_8B
+
+    shape = ModelShape.from_config({**LLAMA3_8B, "max_position_embeddings": 32768})
+    memory = MemoryCheck(shape, Device(VLLM_H200.device_memory_bytes or 0, name="NVIDIA H200"))
+    opts = TuneOptions(model="m", workload=WORKLOAD, out=Path("."), slo=parse_slo({"tpot_p99_ms": 150.0}))
+    long = Work(output=257, prefill=19168, context=19482, attended=2.1e8)  # the long-context tune's on the H200
+    h200 = replace(VLLM_H200, device_name="NVIDIA H200")
+    offered = _offer(opts, h200, memory, long)
+    assert offered.values["kv_cache_dtype"] == ("auto", "fp8") and "19,482 tokens" in offered.why["kv_cache_dtype"]
+    assert "stream_interval" not in offered.values  # no ITL SLO
+    assert not _offer(opts, VLLM_CPU, memory, long).values
+    assert not _offer(opts, VLLM_H200, memory, long).values  # the simulated engine's GPU: no table entry, no bound

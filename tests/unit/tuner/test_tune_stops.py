@@ -310,3 +310,19 @@ def test_a_stop_before_a_resumed_tune_began_says_the_outputs_state_as_they_are(t
     assert summary_of(tmp_path)["state"] == "complete"
     assert err == (f"error: interrupted (SIGTERM); no server is left running; the outputs in {tmp_path / 'out'} are "
                    "as they were (state: complete). Continue with the same command and --resume")
+
+
+def test_a_cpu_tune_offers_no_knobs_and_says_why_it_has_no_roofline(tiny_model, tmp_path):
+    notes: list[str] = []
+
+    class Notes(Hooks):
+        def note(self, text: str) -> None:
+            notes.append(text)
+
+    clock = SimClock()
+    executor = StandIn({0: 5.0}, tmp_path / "out", clock=clock)
+    summary = tune(options(tiny_model, tmp_path, budget=1), hooks=Notes(), executor=executor,
+                   runtime=Runtime(clock=clock))
+    assert not any("also searched" in note for note in notes), notes
+    assert summary_of(tmp_path)["roofline"]["note"].startswith("no bound on CPU")
+    assert summary.limit_line.startswith("Roofline: no bound on CPU")
