@@ -17,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from servetune.engine.memory import ModelShape
 from servetune.report import write_report
+from servetune.report.data import load_study
 from support.paths import ROOT
+from support.shapes import LLAMA3_8B
 from support.studies import tuned_study
 
 CHROMIUM = "/usr/bin/chromium"
@@ -130,8 +133,17 @@ def problems(events: list[dict]) -> list[str]:
     return found
 
 
-def test_report_renders_in_chromium(tmp_path):
-    page = write_report(tuned_study(tmp_path / "study.db"), tmp_path / "report")
+# A GPU study's meta: the roofline's section, its column and a cost column in the trials table.
+ON_H200 = {"device_name": "NVIDIA H200", "work": {"output": 256.0, "prefill": 1280.0, "context": 1408.0},
+           "model_shape": vars(ModelShape.from_config(LLAMA3_8B, param_count=8_030_261_248)), "gpu_hour_price": 3.5}
+
+
+@pytest.mark.parametrize("meta", [{}, ON_H200], ids=["cpu", "h200"])
+def test_report_renders_in_chromium(tmp_path, meta):
+    storage = tuned_study(tmp_path / "study.db")
+    record = load_study(storage)
+    record.study.set_user_attr("meta", record.stored_meta | meta)
+    page = write_report(storage, tmp_path / "report")
     browser = DevTools(tmp_path / "profile", tmp_path / "chromium.log")
     try:
         target = browser.send("Target.createTarget", url="about:blank")["targetId"]
@@ -150,13 +162,13 @@ def test_report_renders_in_chromium(tmp_path):
         browser.close()
     screenshot = tmp_path / "report-screenshot.png"
     screenshot.write_bytes(base64.b64decode(shot))
-    if os.environ.get("SERVETUNE_SAVE_SCREENSHOT"):
+    if os.environ.get("SERVETUNE_SAVE_SCREENSHOT") and not meta:
         shutil.copyfile(screenshot, DOCS_SCREENSHOT)
 
     assert problems(browser.events) == []
     assert state["pareto"]["complete"] and state["pareto"]["naturalWidth"] > 1000
     assert state["pareto"]["shownWidth"] > 800
-    assert state["images"] == 4 and state["brokenImages"] == 0
+    assert state["images"] == 5 and state["brokenImages"] == 0
     assert state["trialRows"] == 8 and state["recommended"] == "4"
     assert state["tableFits"], f"the trials table needs a horizontal scrollbar at {WIDTH} px"
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 50_000

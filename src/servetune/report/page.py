@@ -74,5 +74,5 @@ def render(results: Results, images: dict[str, Path], importance: dict[str, floa
         best_command=command(meta.model, best.config) if best else None,
         workload=yaml.safe_dump(meta.workload, sort_keys=False), per_turn=per_turn,
         latencies=headline_latencies(meta.slos), goodput=meta.objective == Objective.GOODPUT,
-        price=meta.gpu_hour_price,
+        price=meta.gpu_hour_price, bounded=bool(summary.roofline and summary.roofline.accelerator),
     )

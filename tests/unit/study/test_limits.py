@@ -119,8 +119,10 @@ def test_the_report_shows_the_roofline_the_tokens_chart_and_each_configs_share_a
     assert "An SLO-aware roofline of H200 SXM" in html
     assert (page.parent / "tokens.png").stat().st_size > 10_000 and 'id="tokens-chart" src="data:image/png' in html
     best = Results(load_study(storage)).summary.best
-    assert f"{best.limit.efficiency:.0%} · {best.limit.tokens_efficiency:.0%}" in html
-    assert "$ / M output tokens" in html and f"{best.limit.cost_per_million_tokens:,.2f}" in html
+    assert f'class="share">{best.limit.efficiency:.0%} of {best.limit.bound_rate:,.2f}' in html
+    assert f'{best.limit.output_tokens_per_s:,.0f} tok/s, {best.limit.tokens_efficiency:.0%}' in html
+    assert f'class="cost">${best.limit.cost_per_million_tokens:,.2f} / M tokens' in html
+    assert "$3.50 per GPU-hour" in html
 
 
 def test_a_cpu_studys_report_says_why_it_has_no_roofline(tmp_path):
@@ -128,4 +130,4 @@ def test_a_cpu_studys_report_says_why_it_has_no_roofline(tmp_path):
     record = load_study(storage)
     record.study.set_user_attr("meta", record.stored_meta | {"device": "cpu", "device_name": "cpu"})
     html = write_report(storage, tmp_path / "report").read_text()
-    assert 'id="no-roofline">no bound on CPU' in html and "$ / M output tokens" not in html
+    assert 'id="no-roofline">no bound on CPU' in html and 'class="share"' not in html and 'class="cost"' not in html
