@@ -79,10 +79,11 @@ class Limits:
             return "no bound: a trace's rates are speed-up factors"
         if meta.device == "cpu":
             return "no bound on CPU: servetune's table holds GPUs' datasheet limits (engine/roofline.py)"
+        if meta.device_name is None or self.shape is None or self.work is None:
+            return ("no bound: the study does not hold its GPU's name, the model's shape and the workload's lengths "
+                    "(made by an older servetune, or the model's config.json was not read)")
         if self.device is None:
-            return f"no bound: {meta.device_name or 'this device'} is not in servetune's table (engine/roofline.py)"
-        if self.shape is None or self.work is None:
-            return "no bound: the study holds no model shape or workload lengths (made by an older servetune?)"
+            return f"no bound: {meta.device_name} is not in servetune's table (engine/roofline.py)"
         if self.shape.experts:
             return "no bound: a mixture-of-experts model (the roofline counts every parameter as read and computed)"
         ceiling = f"a decode step within {self.step_slo_ms:g} ms (the p99 TPOT / ITL SLO)" if self.step_slo_ms else \

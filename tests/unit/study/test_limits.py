@@ -70,7 +70,7 @@ def test_the_outputs_carry_the_roofline(tmp_path):
 @pytest.mark.parametrize("meta, note", [
     ({"device": "cpu", "device_name": "cpu"}, "no bound on CPU"),
     ({"device_name": "NVIDIA GeForce RTX 4090"}, "NVIDIA GeForce RTX 4090 is not in servetune's table"),
-    ({"model_shape": None}, "no model shape"),
+    ({"model_shape": None}, "does not hold its GPU's name, the model's shape"),
     ({"model_shape": vars(SHAPE) | {"experts": 8}}, "mixture-of-experts"),
     ({"workload": {"trace": {"path": "t.jsonl"}}}, "speed-up factors"),
 ])
@@ -84,7 +84,7 @@ def test_what_the_roofline_cannot_bound_it_says(tmp_path, meta, note):
 
 def test_a_study_without_the_new_fields_reads_as_before(tmp_path):
     res = results(tmp_path)
-    assert res.summary.roofline.accelerator is None and "no bound" in res.summary.roofline.note
+    assert res.summary.roofline.accelerator is None and "made by an older servetune" in res.summary.roofline.note
     assert all(r.limit.cost_per_million_tokens is None for r in res.rows)
 
 
