@@ -107,6 +107,12 @@ class Slos:
         """The bound on `latency` (ms), or None where no SLO bounds it."""
         return next((slo.bound_ms for slo in self.items if slo.latency is latency), None)
 
+    @property
+    def step_ms(self) -> float | None:
+        """The tightest p99 TPOT / ITL bound (ms): a decode step's ceiling (None: neither is bounded)."""
+        steps = [b for b in (self.bound(TPOT), self.bound(ITL)) if b is not None]
+        return min(steps) if steps else None
+
     def as_dict(self) -> dict[str, float]:
         """{'ttft_p99_ms': 1000.0, ...}: as a study, a summary and `--slo` name them."""
         return {slo.name: slo.bound_ms for slo in self.items}

@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict
 
 from servetune.engine.memory import ModelShape
 from servetune.engine.roofline import Bound, ModelCost, Work, accelerator, bound, cost_per_million_tokens, gpus_of
-from servetune.measure.slo import ITL, TPOT
 from servetune.study.outcome import LevelOutcome
 from servetune.study.record import StudyMeta
 from servetune.workload import RateUnit
@@ -59,8 +58,7 @@ class Limits:
         self.price = meta.gpu_hour_price
         self.device = accelerator(meta.device_name or "") if meta.device != "cpu" else None
         self.shape = ModelShape(**meta.model_shape) if meta.model_shape else None
-        steps = [b for b in (meta.slos.bound(TPOT), meta.slos.bound(ITL)) if b is not None]
-        self.step_slo_ms = min(steps) if steps else None
+        self.step_slo_ms = meta.slos.step_ms
         device = self.device if self.bounded else None
         cost = ModelCost.of(self.shape, {}) if device and self.shape else None
         self.roofline = Roofline(

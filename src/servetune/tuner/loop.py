@@ -23,7 +23,7 @@ from servetune.engine.roofline import ModelCost, Work, accelerator, bound
 from servetune.errors import ServetuneError
 from servetune.executors import Executor, Job, make_executor
 from servetune.jsonio import check_writable
-from servetune.measure.slo import ITL, NO_SLO, TPOT, Objective, Slos
+from servetune.measure.slo import ITL, NO_SLO, Objective, Slos
 from servetune.measure.verdict import Decision
 from servetune.report import publish
 from servetune.search.feasibility import MemoryCheck
@@ -247,9 +247,8 @@ def _offer(opts: TuneOptions, vllm: InstalledVllm, memory: MemoryCheck | None, w
     device = accelerator(vllm.device_name)
     if vllm.on_cpu or memory is None or device is None or memory.shape.experts or opts.workload.trace:
         return Offer()
-    steps = [b for b in (opts.slo.bound(TPOT), opts.slo.bound(ITL)) if b is not None]
     defaults = dict(opts.engine_args)
-    at_defaults = bound(device, ModelCost.of(memory.shape, defaults), work, min(steps) if steps else None,
+    at_defaults = bound(device, ModelCost.of(memory.shape, defaults), work, opts.slo.step_ms,
                         memory.kv_cache_tokens(defaults))
     return offer(vllm.flags, at_defaults, work, ITL in opts.slo)
 
